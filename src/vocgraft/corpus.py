@@ -1,0 +1,167 @@
+"""Reading and sampling text corpora.
+
+A corpus source is one of:
+  * a UTF-8 text file, one document per line;
+  * a folder: every ``*.txt`` / ``*.jsonl`` file in it, sorted by name;
+  * a JSONL file (``.jsonl``): one JSON object per line, the text under ``field`` (default ``"text"``);
+  * a Hugging Face ``datasets`` spec ``hf:NAME_OR_PATH[:SPLIT]`` (needs the optional ``datasets`` package).
+
+Lines are NFC-normalised and stripped; empty lines are skipped. Sampling keeps memory at O(sample size)
+(reservoir sampling) so a corpus of any size can be streamed, and returns lines in corpus order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import unicodedata
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input; the message names the input and what to do."""
+
+
+def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(
+            f"{path}:{line_no}: not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 4]!r}). "
+            "Convert the file to UTF-8, e.g. `iconv -f LATIN1 -t UTF-8`."
+        ) from None
+
+
+def _iter_text_file(path: Path) -> Iterator[str]:
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            yield _decode_line(raw, path, line_no)
+
+
+def _iter_jsonl_file(path: Path, field: str) -> Iterator[str]:
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            text = _decode_line(raw, path, line_no).strip()
+            if not text:
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(f"{path}:{line_no}: not valid JSON ({exc.msg}). Each line must be one object.")
+            if not isinstance(record, dict) or field not in record:
+                raise CorpusError(
+                    f"{path}:{line_no}: no field {field!r}; pass the field holding the text (--field NAME)."
+                )
+            value = record[field]
+            if not isinstance(value, str):
+                raise CorpusError(f"{path}:{line_no}: field {field!r} is {type(value).__name__}, not a string.")
+            yield value
+
+
+def _iter_hf_dataset(spec: str, field: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise CorpusError(
+            f"{spec!r} names a Hugging Face dataset, but `datasets` is not installed: pip install 'vocgraft[datasets]'."
+        ) from None
+    body = spec[len("hf:"):]
+    name, _, split = body.partition(":")
+    split = split or "train"
+    path = Path(name)
+    try:
+        if path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(name, split=split, streaming=True)
+    except Exception as exc:  # datasets raises many types; the user needs the spec and the cause
+        raise CorpusError(f"could not load dataset {spec!r}: {exc}") from exc
+    for row in ds:
+        if field not in row:
+            raise CorpusError(f"dataset {spec!r} has no column {field!r}; columns: {sorted(row)}. Use --field.")
+        yield row[field]
+
+
+def _files_in(path: Path) -> list[Path]:
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise CorpusError(f"folder {path} has no {' or '.join(TEXT_SUFFIXES)} files; point at a text file instead.")
+    return files
+
+
+def _raw_lines(source: str | Path, field: str) -> Iterator[str]:
+    if isinstance(source, str) and source.startswith("hf:"):
+        yield from _iter_hf_dataset(source, field)
+        return
+    path = Path(source)
+    if not path.exists():
+        raise CorpusError(f"corpus {path} does not exist; check the path.")
+    for file in _files_in(path) if path.is_dir() else [path]:
+        if file.suffix == ".jsonl":
+            yield from _iter_jsonl_file(file, field)
+        else:
+            yield from _iter_text_file(file)
+
+
+def iter_lines(source: str | Path, *, field: str = "text", normalize: bool = True) -> Iterator[str]:
+    """Stream the non-empty, stripped (and NFC-normalised) lines of a corpus source."""
+    count = 0
+    for text in _raw_lines(source, field):
+        # a JSONL/dataset document may hold several lines; we treat each line as one sample
+        for line in text.splitlines() or [""]:
+            line = line.strip()
+            if not line:
+                continue
+            count += 1
+            yield unicodedata.normalize("NFC", line) if normalize else line
+    if count == 0:
+        raise CorpusError(f"corpus {source} contains no text lines; give a non-empty file.")
+
+
+def sample_lines(lines: Iterable[str], n: int, seed: int = 0) -> list[str]:
+    """Uniform sample of ``n`` lines (all if fewer), in corpus order, deterministic for a seed."""
+    if n < 0:
+        raise CorpusError(f"sample size must be >= 0, got {n}.")
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        if i < n:
+            reservoir.append((i, line))
+        else:
+            j = rng.randint(0, i)
+            if j < n:
+                reservoir[j] = (i, line)
+    reservoir.sort()
+    return [line for _, line in reservoir]
+
+
+def read_lines(
+    source: str | Path,
+    *,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    field: str = "text",
+    normalize: bool = True,
+) -> list[str]:
+    """Read a corpus: the first ``limit`` lines, or a seeded uniform ``sample`` of lines (not both)."""
+    if limit is not None and sample is not None:
+        raise CorpusError("give either limit (first N lines) or sample (random N lines), not both.")
+    lines = iter_lines(source, field=field, normalize=normalize)
+    if sample is not None:
+        return sample_lines(lines, sample, seed)
+    if limit is not None:
+        if limit <= 0:
+            raise CorpusError(f"limit must be positive, got {limit}.")
+        out = []
+        for line in lines:
+            out.append(line)
+            if len(out) >= limit:
+                break
+        return out
+    return list(lines)
