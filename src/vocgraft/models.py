@@ -97,7 +97,7 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
     return target
 
 
-def resolve(spec: str | os.PathLike) -> str:
+def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
     """Turn a model spec into something ``from_pretrained`` accepts (a directory or a hub id)."""
     spec = str(spec)
     if spec in ALIASES:
@@ -108,6 +108,8 @@ def resolve(spec: str | os.PathLike) -> str:
             raise ModelLoadError(f"GGUF file {path} does not exist.")
         return str(gguf_to_hf_dir(path))
     if path.is_dir():
+        if tokenizer_only and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return str(path)
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder without config.json; give a saved Hugging Face model directory.")
         return str(path)
@@ -121,7 +123,11 @@ def resolve(spec: str | os.PathLike) -> str:
 def load_tokenizer(spec: str | os.PathLike):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve(spec))
+    where = resolve(spec, tokenizer_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load a tokenizer from {spec!r}: {exc}") from exc
 
 
 def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32):

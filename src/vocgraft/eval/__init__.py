@@ -1,0 +1,43 @@
+"""The measuring core: tokenizer fertility, the speedup proxy, bits per byte and its uniform reference."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vocgraft.eval.bpb import bits_per_byte, uniform_bits_per_byte
+from vocgraft.eval.fertility import encode_lines, fertility, speedup
+
+__all__ = ["bits_per_byte", "encode_lines", "evaluate", "fertility", "speedup", "uniform_bits_per_byte"]
+
+
+def evaluate(
+    model,
+    tokenizer,
+    lines: Sequence[str],
+    *,
+    baseline_tokenizer=None,
+    with_bpb: bool = True,
+    max_length: int = 512,
+    stride: int | None = None,
+    batch_size: int = 8,
+    show_progress: bool = True,
+) -> dict:
+    """Everything `vocgraft eval` reports for one model on one text, as a JSON-ready dict."""
+    token_ids = encode_lines(tokenizer, lines)
+    result = {"tokenizer": fertility(token_ids, lines)}
+    if baseline_tokenizer is not None:
+        baseline = fertility(encode_lines(baseline_tokenizer, lines), lines)
+        result["baseline_tokenizer"] = baseline
+        result["speedup"] = speedup(baseline["tokens_per_line_mean"], result["tokenizer"]["tokens_per_line_mean"])
+    if with_bpb and model is not None:
+        result["bpb"] = bits_per_byte(
+            model,
+            tokenizer,
+            lines,
+            token_ids=token_ids,
+            max_length=max_length,
+            stride=stride,
+            batch_size=batch_size,
+            show_progress=show_progress,
+        )
+    return result

@@ -1,0 +1,151 @@
+"""Bits per UTF-8 byte: the quality measure that is comparable across vocabularies.
+
+Every line is scored as its own document: a prefix token (BOS by default) followed by the line's tokens; every token of
+the line is predicted and scored exactly once, the prefix never is. bits/byte = sum of token NLLs (nats) / ln 2 /
+UTF-8 bytes of the lines. Documents longer than ``max_length`` are split into windows that overlap by
+``max_length - stride`` tokens of context; only the tokens new to a window are scored. Windows are sorted by length and
+packed into batches under a token budget, so almost no compute is spent on padding, and logits are only turned into
+losses at scored positions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vocgraft.progress import progress
+
+
+@dataclass(frozen=True)
+class Window:
+    input_ids: list[int]
+    labels: list[int]  # labels[j] is the token after input_ids[j]
+    n_scored: int  # only the last n_scored labels are scored
+
+
+def make_windows(ids: Sequence[int], prefix_id: int, max_length: int, stride: int) -> list[Window]:
+    """Split ``[prefix] + ids`` into windows of at most ``max_length`` inputs scoring each token once."""
+    if not 0 < stride <= max_length:
+        raise ValueError(f"stride must be in 1..max_length ({max_length}), got {stride}")
+    seq = [prefix_id, *ids]
+    n = len(ids)
+    windows = []
+    begin = 1  # position in seq of the first label this window scores
+    while begin <= n:
+        end = min(begin + (max_length if begin == 1 else stride), n + 1)
+        start = max(0, end - 1 - max_length)
+        windows.append(Window(seq[start : end - 1], seq[start + 1 : end], end - begin))
+        begin = end
+    return windows
+
+
+def batches_by_budget(windows: list[Window], max_tokens: int, max_padding: float = 0.25) -> list[list[Window]]:
+    """Longest first; a batch holds as many windows as fit in ``max_tokens`` padded tokens, and only windows at least
+    ``1 - max_padding`` times as long as its longest, so no row is mostly padding (short-line corpora would otherwise
+    spend most of the compute on pads)."""
+    ordered = sorted(windows, key=lambda w: len(w.input_ids), reverse=True)
+    batches, current = [], []
+    for window in ordered:
+        width = len(current[0].input_ids) if current else len(window.input_ids)
+        too_many = (len(current) + 1) * width > max_tokens
+        too_short = len(window.input_ids) < (1 - max_padding) * width
+        if current and (too_many or too_short):
+            batches.append(current)
+            current = []
+        current.append(window)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def default_prefix_id(tokenizer) -> int:
+    for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return token_id
+    raise ValueError("the tokenizer has neither a BOS nor an EOS token; pass prefix_id explicitly.")
+
+
+def collate(batch: list[Window], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = len(batch[0].input_ids)
+    input_ids = torch.zeros(len(batch), width, dtype=torch.long)
+    attention = torch.zeros(len(batch), width, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, window in enumerate(batch):
+        length = len(window.input_ids)
+        input_ids[row, :length] = torch.tensor(window.input_ids)
+        attention[row, :length] = 1
+        labels[row, length - window.n_scored : length] = torch.tensor(window.labels[-window.n_scored :])
+    return input_ids.to(device), attention.to(device), labels.to(device)
+
+
+@torch.inference_mode()
+def score_windows(model, windows: list[Window], max_tokens: int, show_progress: bool = True) -> tuple[float, int, int, int]:
+    """Sum of NLL (nats) over scored labels; numbers of scored labels, of non-pad inputs and of inputs with pads."""
+    device = next(model.parameters()).device
+    total_nll, scored, forward_tokens, padded_tokens = 0.0, 0, 0, 0
+    batches = batches_by_budget(windows, max_tokens)
+    bar = progress(total=sum(w.n_scored for w in windows), desc="bits/byte", unit="tok", disable=not show_progress)
+    for batch in batches:
+        input_ids, attention, labels = collate(batch, device)
+        hidden_logits = model(input_ids=input_ids, attention_mask=attention).logits
+        mask = labels != -100
+        nll = F.cross_entropy(hidden_logits[mask].float(), labels[mask], reduction="sum")
+        total_nll += nll.item()
+        n = int(mask.sum())
+        scored += n
+        forward_tokens += int(attention.sum())
+        padded_tokens += attention.numel()
+        bar.update(n)
+    bar.close()
+    return total_nll, scored, forward_tokens, padded_tokens
+
+
+def bits_per_byte(
+    model,
+    tokenizer,
+    lines: Sequence[str],
+    *,
+    token_ids: Sequence[Sequence[int]] | None = None,
+    max_length: int = 512,
+    stride: int | None = None,
+    batch_size: int = 8,
+    prefix_id: int | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Bits per UTF-8 byte, per-token perplexity and the uniform reference of ``model`` on ``lines``."""
+    if token_ids is None:
+        token_ids = tokenizer(list(lines), add_special_tokens=False)["input_ids"]
+    prefix_id = default_prefix_id(tokenizer) if prefix_id is None else prefix_id
+    stride = stride or max_length // 2
+    windows = [w for ids in token_ids for w in make_windows(ids, prefix_id, max_length, stride)]
+    start = time.perf_counter()
+    nll, scored, forward_tokens, padded_tokens = score_windows(model, windows, batch_size * max_length, show_progress)
+    seconds = time.perf_counter() - start
+    nbytes = sum(len(line.encode("utf-8")) for line in lines)
+    vocab = len(tokenizer)
+    return {
+        "bits_per_byte": nll / math.log(2) / nbytes,
+        "perplexity": math.exp(nll / scored),
+        "uniform_bits_per_byte": uniform_bits_per_byte(scored, vocab, nbytes),
+        "nll_nats": nll,
+        "tokens_scored": scored,
+        "bytes": nbytes,
+        "vocab_size": vocab,
+        "prefix_token": tokenizer.convert_ids_to_tokens(prefix_id),
+        "max_length": max_length,
+        "stride": stride,
+        "seconds": seconds,
+        "forward_tokens": forward_tokens,
+        "padding_share": 1 - forward_tokens / padded_tokens if padded_tokens else 0.0,
+        "forward_tokens_per_second": forward_tokens / seconds if seconds else float("nan"),
+    }
+
+
+def uniform_bits_per_byte(tokens: int, vocab_size: int, nbytes: int) -> float:
+    """Bits/byte of a model that knows only the tokenizer: every token costs log2(V) bits."""
+    return tokens * math.log2(vocab_size) / nbytes

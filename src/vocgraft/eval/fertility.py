@@ -1,0 +1,33 @@
+"""Tokenizer fertility: tokens per line, characters and UTF-8 bytes per token, and the speedup proxy."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+
+def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
+    """Token ids of each line, without special tokens (batched through the fast tokenizer)."""
+    return tokenizer(list(lines), add_special_tokens=False)["input_ids"]
+
+
+def fertility(token_ids: Sequence[Sequence[int]], lines: Sequence[str]) -> dict:
+    counts = [len(ids) for ids in token_ids]
+    tokens = sum(counts)
+    chars = sum(len(line) for line in lines)
+    nbytes = sum(len(line.encode("utf-8")) for line in lines)
+    return {
+        "lines": len(lines),
+        "tokens": tokens,
+        "chars": chars,
+        "bytes": nbytes,
+        "tokens_per_line_mean": tokens / len(lines),
+        "tokens_per_line_median": statistics.median(counts),
+        "chars_per_token": chars / tokens,
+        "bytes_per_token": nbytes / tokens,
+    }
+
+
+def speedup(baseline_tokens_per_line: float, tokens_per_line: float) -> float:
+    """The papers' inference-speedup proxy: how many times fewer tokens the adapted tokenizer needs."""
+    return baseline_tokens_per_line / tokens_per_line

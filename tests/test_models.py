@@ -1,0 +1,80 @@
+"""Loading source models: saved directory, hub-id code path, GGUF file (converted once, then cached), the alias."""
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from vocgraft import models as vm
+
+
+@pytest.fixture
+def saved_dir(tmp_path):
+    vocab = {"<s>": 0, "</s>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh ")}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_saved_directory_loads_and_is_described(saved_dir):
+    model, tokenizer = vm.load_model(saved_dir)
+    info = vm.describe(model, tokenizer)
+    assert (info.vocab_size, info.hidden_size, info.layers, info.tied_head) == (11, 16, 1, False)
+    assert info.tokenizer_kind == "wordpiece" or info.tokenizer_kind.startswith("other")
+    assert not model.training
+
+
+def test_hub_ids_take_the_directory_code_path(saved_dir):
+    assert vm.resolve(str(saved_dir)) == str(saved_dir)
+    assert vm.resolve("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # handed to from_pretrained as is
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [("missing/dir/x.gguf", "does not exist"), ("./nowhere", "does not exist")],
+)
+def test_bad_model_specs_are_named(spec, message):
+    with pytest.raises(vm.ModelLoadError, match=message):
+        vm.resolve(spec)
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(vm.ModelLoadError, match="without config.json"):
+        vm.resolve(tmp_path)
+
+
+def test_tokenizer_kinds(saved_dir):
+    import vocgraft.models as m
+
+    tokenizer = vm.load_tokenizer(saved_dir)
+    assert m.tokenizer_kind(tokenizer).startswith("other (WordLevel")
+
+
+@pytest.mark.slow
+def test_gguf_is_converted_once_then_reloaded_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path / "cache"))
+    gguf = vm.alias_path("smollm2")
+    start = time.perf_counter()
+    model, tokenizer = vm.load_model(gguf)
+    first = time.perf_counter() - start
+    cached = list((tmp_path / "cache" / "gguf").iterdir())
+    assert [p.name for p in cached] == [vm.file_sha256(gguf)]
+    assert json.loads((cached[0] / "vocgraft-source.json").read_text())["gguf"] == str(gguf)
+    start = time.perf_counter()
+    again, _ = vm.load_model("smollm2")  # the alias names the same file, so the same cache entry
+    second = time.perf_counter() - start
+    assert second < first / 3
+    info = vm.describe(again, tokenizer)
+    assert (info.architecture, info.vocab_size, info.hidden_size, info.layers) == ("LlamaForCausalLM", 49152, 576, 30)
+    assert info.tied_head and info.tokenizer_kind == "byte-level-bpe"
+    assert info.parameters == 134_515_008
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, again.state_dict()[name]), name
