@@ -65,13 +65,97 @@ def cmd_eval(args) -> None:
     print(eval_markdown(result, name=Path(args.model).name or args.model))
 
 
-def cmd_demo(args) -> None:
-    from vocgraft.report import eval_markdown
+def cmd_tokenizer_train(args) -> None:
+    from vocgraft.corpus import read_lines
+    from vocgraft.models import load_tokenizer
+    from vocgraft.outdir import check_writable
+    from vocgraft.tokenization import save_tokenizer, train_tokenizer
 
-    text = Path(args.text) if args.text else SHARED_CORPORA / "el" / "heldout.txt"
-    print(f"vocgraft demo: {args.model} on the first {args.limit} lines of {text}", file=sys.stderr)
-    result = run_eval(args.model, str(text), baseline=None, limit=args.limit)
-    print(eval_markdown(result, name=args.model))
+    check_writable(args.out, args.overwrite)
+    lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
+    like = load_tokenizer(args.like) if args.like else None
+    tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
+    save_tokenizer(tokenizer, args.out, overwrite=args.overwrite,
+                   manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}})
+    print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
+
+
+def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
+    """Tokens/line before and after, speedup proxy, and the share of new tokens that the text actually uses."""
+    from vocgraft.eval import encode_lines, fertility, speedup
+
+    before, after = encode_lines(source_tokenizer, lines), encode_lines(tokenizer, lines)
+    used = {t for ids in after for t in ids} & set(new_ids)
+    source, target = fertility(before, lines), fertility(after, lines)
+    return {
+        "lines": len(lines),
+        "tokens_per_line_before": source["tokens_per_line_mean"],
+        "tokens_per_line_after": target["tokens_per_line_mean"],
+        "speedup": speedup(source["tokens_per_line_mean"], target["tokens_per_line_mean"]),
+        "new_tokens_used_share": len(used) / len(new_ids) if new_ids else 0.0,
+        "roundtrip_exact": all(tokenizer.decode(ids) == line for ids, line in zip(after, lines)),
+    }
+
+
+def cmd_expand(args) -> None:
+    from vocgraft.corpus import read_lines
+    from vocgraft.recipes.expand import expand_model
+
+    lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
+    protect = read_lines(args.protect) if args.protect else None
+    out, result = expand_model(
+        args.model, lines, args.new_tokens, args.init, args.out, aux_tokenizer_spec=args.aux_tokenizer,
+        aux_vocab_size=args.aux_vocab_size, protect=protect, seed=args.seed, overwrite=args.overwrite,
+        inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+    )
+    added = result.expansion.to_dict()
+    print(f"added {added['added']} tokens ({added['intermediate_count']} intermediates) with init={args.init} "
+          f"-> {out}")
+    if args.heldout:
+        from vocgraft.models import load_tokenizer
+
+        summary = expansion_summary(load_tokenizer(args.model), result.tokenizer, result.plan.new_ids,
+                                    read_lines(args.heldout, limit=args.eval_limit))
+        print(json.dumps(summary, indent=2))
+
+
+def cmd_demo(args) -> None:
+    """Expand SmolLM2 with k Greek tokens (Align) and compare source and expanded model on held-out Greek."""
+    import tempfile
+
+    from vocgraft.corpus import read_lines
+    from vocgraft.eval import evaluate
+    from vocgraft.models import load_model
+    from vocgraft.recipes.expand import expand_loaded
+    from vocgraft.report import markdown_table
+
+    corpus, heldout = SHARED_CORPORA / args.lang / "train.txt", SHARED_CORPORA / args.lang / "heldout.txt"
+    lines = read_lines(corpus, sample=args.sample, seed=0)
+    text = read_lines(heldout, limit=args.limit)
+    # English training text: the new merges must not change how the source language tokenizes
+    protect = read_lines(SHARED_CORPORA / "en" / "train.txt", limit=8192) if args.lang != "en" else None
+    print(f"vocgraft demo: {args.model} + {args.new_tokens} {args.lang} tokens ({args.init}), trained on "
+          f"{len(lines)} lines of {corpus}, measured on the first {len(text)} lines of {heldout}", file=sys.stderr)
+    model, source_tokenizer = load_model(args.model)
+    source = evaluate(model, source_tokenizer, text)
+    result = expand_loaded(model, source_tokenizer, lines, args.new_tokens, args.init,
+                           aux_vocab_size=args.aux_vocab_size, protect=protect)
+    expanded = evaluate(result.model, result.tokenizer, text, baseline_tokenizer=source_tokenizer)
+    usage = expansion_summary(source_tokenizer, result.tokenizer, result.plan.new_ids, text)
+    rows = [[name, r["tokenizer"]["tokens_per_line_mean"], r["tokenizer"]["bytes_per_token"],
+             r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"]]
+            for name, r in (("source", source), (f"expanded k={args.new_tokens} {args.init}", expanded))]
+    print(markdown_table(["model", "tokens/line", "bytes/token", "bits/byte", "uniform bits/byte"], rows))
+    print(f"\nspeedup proxy {expanded['speedup']:.3f}x; {usage['new_tokens_used_share']:.0%} of the new tokens "
+          f"occur in the held-out text; round trip exact: {usage['roundtrip_exact']}; "
+          f"init took {result.timings['init_seconds']:.1f} s")
+    if args.out:
+        from vocgraft.surgery import save_model_dir
+
+        save_model_dir(result.model, result.tokenizer, args.out, overwrite=True,
+                       manifest={"job": "demo", "source_model": args.model, "source_eval": source,
+                                 "expanded_eval": expanded, "usage": usage})
+        print(f"saved the expanded model to {args.out}")
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -98,15 +182,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the full result as JSON to this path")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", help="the main job on the embedded defaults (packaged SmolLM2, shared Greek text)")
+    p = sub.add_parser("tokenizer", help="tokenizer stage")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    t = tsub.add_parser("train", help="train an auxiliary target-language tokenizer")
+    t.add_argument("--corpus", required=True, help="text file, folder, .jsonl, or hf:NAME[:SPLIT]")
+    t.add_argument("--field", default="text")
+    t.add_argument("--kind", required=True, choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"])
+    t.add_argument("--vocab-size", type=int, default=50000)
+    t.add_argument("--like", help="source model/tokenizer whose pre-tokenization and special tokens to copy")
+    t.add_argument("--sample", type=int, help="train on a seeded sample of N lines")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", required=True)
+    t.add_argument("--overwrite", action="store_true")
+    t.set_defaults(func=cmd_tokenizer_train)
+
+    from vocgraft.init import METHODS
+
+    p = sub.add_parser("expand", help="add the top-k target-language tokens as real merges and initialize them")
     add_model_arg(p)
-    p.add_argument("--text", help=f"held-out text (default {SHARED_CORPORA / 'el' / 'heldout.txt'})")
-    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--corpus", required=True, help="target-language training text")
+    p.add_argument("--field", default="text")
+    p.add_argument("--new-tokens", type=int, required=True, help="k: vocabulary rows to add (intermediates count)")
+    p.add_argument("--init", required=True, choices=sorted(METHODS))
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--aux-tokenizer", help="a trained auxiliary tokenizer (default: train one on --corpus)")
+    p.add_argument("--aux-vocab-size", type=int, default=16000)
+    p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
+    p.add_argument("--protect", help="text whose tokenization must not change (e.g. source-language text)")
+    p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
+    p.add_argument("--eval-limit", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_expand)
+
+    p = sub.add_parser("demo", help="the main job on the embedded defaults: expand SmolLM2 with Greek tokens")
+    add_model_arg(p)
+    p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
+    p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--init", default="align", choices=sorted(METHODS))
+    p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
+    p.add_argument("--aux-vocab-size", type=int, default=8000)
+    p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")
+    p.add_argument("--out", help="also save the expanded model here")
     p.set_defaults(func=cmd_demo)
     return parser
 
 
-USER_ERRORS = (CorpusError, ModelLoadError, OutputExistsError)
+def user_errors() -> tuple[type[Exception], ...]:
+    from vocgraft.recipes.expand import ExpandError
+    from vocgraft.surgery import SurgeryError
+
+    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, SurgeryError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars drown our own output
     try:
         args.func(args)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         print(f"vocgraft {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 def fmt(value, digits: int = 3) -> str:
     if value is None:
         return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     if isinstance(value, int):
@@ -18,7 +20,7 @@ def fmt(value, digits: int = 3) -> str:
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence], digits: int = 3) -> str:
     """A GitHub-flavoured Markdown table; numbers right-aligned."""
     first = rows[0] if rows else [""] * len(header)
-    align = ["---:" if isinstance(v, (int, float)) else "---" for v in first]
+    align = ["---:" if isinstance(v, (int, float)) and not isinstance(v, bool) else "---" for v in first]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(fmt(v, digits) for v in row) + " |" for row in rows]
     return "\n".join(lines)

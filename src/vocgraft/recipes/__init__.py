@@ -1,0 +1,1 @@
+"""Recipes: whole jobs (expand a model, ...) as readable end-to-end functions built from the stages."""

@@ -1,0 +1,120 @@
+"""Expand a model's vocabulary: aux tokenizer -> top-k new tokens as real merges -> plan -> init -> surgery -> save.
+
+    expand_model("smollm2", corpus_lines, k=100, init="align", out_dir="out/el-k100")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vocgraft.init import InitContext, get_method, initialize
+from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
+from vocgraft.outdir import check_writable
+from vocgraft.plan import VocabPlan
+from vocgraft.surgery import graft, save_model_dir
+from vocgraft.tokenization import expand_tokenizer, train_tokenizer
+
+# which auxiliary tokenizer kind can expand which source tokenizer family
+AUX_KIND_FOR = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe"}
+
+
+class ExpandError(ValueError):
+    """An expansion that cannot be done as asked; the message says what to change."""
+
+
+@dataclass
+class Expanded:
+    model: Any
+    tokenizer: Any
+    plan: VocabPlan
+    expansion: Any  # tokenization.Expansion
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def train_aux_tokenizer(source_tokenizer, lines: Sequence[str], vocab_size: int, seed: int = 0):
+    """An auxiliary tokenizer of the family that can expand ``source_tokenizer`` (same pre-tokenization)."""
+    family = tokenizer_kind(source_tokenizer)
+    if family not in AUX_KIND_FOR:
+        raise ExpandError(
+            f"expansion needs a byte-level or SentencePiece-style BPE source tokenizer; this one is {family}. "
+            "Use vocabulary replacement instead."
+        )
+    return train_tokenizer(lines, AUX_KIND_FOR[family], vocab_size, like=source_tokenizer, seed=seed)
+
+
+def expand_loaded(
+    model,
+    source_tokenizer,
+    lines: Sequence[str],
+    k: int,
+    init: str,
+    *,
+    aux_tokenizer=None,
+    aux_vocab_size: int = 16000,
+    protect: Sequence[str] | None = None,
+    seed: int = 0,
+) -> Expanded:
+    """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks."""
+    if k <= 0:
+        raise ExpandError(f"--new-tokens must be positive, got {k}.")
+    get_method(init)  # fail on a typo before any work
+    timings = {}
+    start = time.perf_counter()
+    if aux_tokenizer is None:
+        aux_tokenizer = train_aux_tokenizer(source_tokenizer, lines, aux_vocab_size, seed)
+    timings["aux_tokenizer_seconds"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    expansion = expand_tokenizer(source_tokenizer, aux_tokenizer, lines, k, protect=protect)
+    target_tokenizer = expansion.tokenizer
+    plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "expand")
+    timings["expansion_seconds"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    ctx = InitContext(plan, source_tokenizer, target_tokenizer, corpus=lines, seed=seed)
+    input_rows, head_rows = initialize(model, init, ctx)
+    timings["init_seconds"] = time.perf_counter() - start
+
+    graft(model, plan, input_rows, head_rows, target_tokenizer)
+    return Expanded(model, target_tokenizer, plan, expansion, timings)
+
+
+def expand_model(
+    model_spec: str,
+    lines: Sequence[str],
+    k: int,
+    init: str,
+    out_dir: str | Path,
+    *,
+    aux_tokenizer_spec: str | None = None,
+    aux_vocab_size: int = 16000,
+    protect: Sequence[str] | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    inputs: dict | None = None,
+) -> tuple[Path, Expanded]:
+    """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest."""
+    check_writable(out_dir, overwrite)  # before minutes of work
+    model, source_tokenizer = load_model(model_spec)
+    aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
+    result = expand_loaded(model, source_tokenizer, lines, k, init, aux_tokenizer=aux,
+                           aux_vocab_size=aux_vocab_size, protect=protect, seed=seed)
+    manifest = {
+        "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **(inputs or {})},
+        "method": {"stage": "expand", "init": init, "new_tokens": k, "aux_vocab_size": aux_vocab_size},
+        "seed": seed,
+        "source_model": model_spec,
+        "plan": result.plan.summary(),
+        "expansion": {key: v for key, v in result.expansion.to_dict().items()
+                      if key in ("added", "wanted", "intermediate_count", "first_new_id", "candidates_considered",
+                                 "skipped_count")},
+        "timings": result.timings,
+    }
+    extra = {"vocgraft-plan.json": result.plan.to_dict(), "vocgraft-expansion.json": result.expansion.to_dict()}
+    out = save_model_dir(result.model, result.tokenizer, out_dir, overwrite=overwrite, manifest=manifest,
+                         extra_json=extra)
+    return out, result

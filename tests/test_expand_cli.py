@@ -1,0 +1,86 @@
+"""`vocgraft expand` end to end on a tiny model: a directory that plain transformers loads in a fresh process."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
+
+from vocgraft.cli import main
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("expand")
+    tokenizer = tiny_bytelevel_tokenizer()
+    model = tiny_llama(len(tokenizer), tied=False)
+    model.save_pretrained(root / "source")
+    tokenizer.save_pretrained(root / "source")
+    (root / "el.txt").write_text("\n".join(lines("el", 400)) + "\n", encoding="utf-8")
+    return root
+
+
+def expand_args(root, out, init="merge", *extra):
+    return ["expand", "--model", str(root / "source"), "--corpus", str(root / "el.txt"), "--new-tokens", "30",
+            "--init", init, "--aux-vocab-size", "700", "--out", str(out), *extra]
+
+
+RELOAD = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok("Η γλώσσα", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=4, do_sample=False)
+print(json.dumps({"rows": model.get_input_embeddings().weight.shape[0], "len": len(tok),
+                  "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+                  "generated": out.shape[1] - ids.shape[1], "ids": ids[0].tolist()}))
+"""
+
+
+@pytest.mark.parametrize("init", ["mean", "align"])
+def test_expand_saves_a_directory_plain_transformers_loads_and_generates_with(source, tmp_path, init, capsys):
+    out = tmp_path / "out"
+    assert main(expand_args(source, out, init, "--heldout", str(source / "el.txt"), "--eval-limit", "50")) == 0
+    manifest = json.loads((out / "vocgraft.json").read_text())
+    assert manifest["method"]["init"] == init and manifest["expansion"]["added"] == 30
+    assert (manifest["plan"]["new"], manifest["plan"]["copied"]) == (30, 400)
+    expansion = json.loads((out / "vocgraft-expansion.json").read_text())
+    assert len(expansion["new_tokens"]) == 30
+    assert (out / "vocgraft-plan.json").is_file()
+    printed = capsys.readouterr().out
+    summary = json.loads(printed[printed.index("{"):])
+    assert summary["roundtrip_exact"] and summary["tokens_per_line_after"] < summary["tokens_per_line_before"]
+    done = subprocess.run([sys.executable, "-c", RELOAD, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["rows"] == loaded["len"] == 400 + 30
+    assert loaded["tied"] is False and loaded["generated"] == 4
+    assert any(i >= 400 for i in loaded["ids"]), "the expanded tokenizer should use a new Greek token"
+
+
+def test_expand_refuses_to_overwrite_and_leaves_no_half_written_output(source, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(expand_args(source, out)) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+    import vocgraft.surgery
+
+    def broken(*args, **kwargs):  # fails after the weights and tokenizer were written
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(vocgraft.surgery, "write_manifest", broken)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError):
+        main(expand_args(source, fresh))
+    assert not fresh.exists() and not list(tmp_path.glob(".fresh*"))
+
+
+def test_expand_rejects_bad_arguments(source, tmp_path, capsys):
+    assert main(expand_args(source, tmp_path / "o")[:-6] + ["--new-tokens", "0", "--init", "mean", "--out",
+                                                            str(tmp_path / "o")]) == 2
+    assert "must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(expand_args(source, tmp_path / "o", "nonsense"))

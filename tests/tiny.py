@@ -1,0 +1,137 @@
+"""Tiny tokenizers and models built in memory for tests (no downloads; each builds in well under a second).
+
+Import from tests: ``from tiny import tiny_bytelevel_tokenizer, tiny_llama, ...`` (pytest puts ``tests/`` on
+the path for modules that import it as a sibling).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CORPORA = Path("/work/shared/corpora")
+SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def lines(lang: str, n: int = 200) -> list[str]:
+    """The first ``n`` non-empty lines of the shared training corpus of ``lang``."""
+    with open(CORPORA / lang / "train.txt", encoding="utf-8") as fh:
+        return list(itertools.islice((line.rstrip("\n") for line in fh if line.strip()), n))
+
+
+def _wrap(backend: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+
+
+def tiny_bytelevel_tokenizer(
+    vocab_size: int = 400, text: Sequence[str] | None = None
+) -> PreTrainedTokenizerFast:
+    """GPT-2-style byte-level BPE on English: all 256 byte symbols; ``<|endoftext|>`` (id 0) is bos, eos."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[AddedToken("<|endoftext|>", special=True, normalized=False)],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(text if text is not None else lines("en"), trainer=trainer)
+    return _wrap(backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def tiny_sp_tokenizer(vocab_size: int = 500, text: Sequence[str] | None = None) -> PreTrainedTokenizerFast:
+    """SentencePiece-style BPE with byte fallback, on English + Greek: ``▁`` word starts, ``<0xNN>`` pieces
+    appended after the trained vocabulary, ``<unk> <s> </s>`` as ids 0-2."""
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    specials = [AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    backend.train_from_iterator(
+        text if text is not None else lines("en", 150) + lines("el", 150), trainer=trainer
+    )
+    spec = json.loads(backend.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):  # byte pieces as normal vocab entries, as SentencePiece's byte_fallback has them
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    return _wrap(Tokenizer.from_str(json.dumps(spec)), unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_unigram_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """SentencePiece-style Unigram on English + Greek with ``▁`` word starts."""
+    backend = Tokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False
+    )
+    backend.train_from_iterator(lines("en", 150) + lines("el", 150), trainer=trainer)
+    return _wrap(backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_wordpiece_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """BERT-style WordPiece on English + Greek (``##`` continuations)."""
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]"], show_progress=False
+    )
+    backend.train_from_iterator(lines("en", 150) + lines("el", 150), trainer=trainer)
+    return _wrap(backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]")
+
+
+def tokenizer_with_extra_merges(
+    tokenizer: PreTrainedTokenizerFast,
+    merges: Iterable[tuple[str, str]] = (),
+    extra_vocab: Iterable[str] = (),
+) -> PreTrainedTokenizerFast:
+    """A copy of a BPE tokenizer with ``merges`` appended (ranked after the existing ones) and their results,
+    then ``extra_vocab`` (tokens without a merge), appended to the vocabulary in that order."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = spec["model"]
+    vocab = model["vocab"]
+    for a, b in merges:
+        for piece in (a, b):
+            if piece not in vocab:
+                raise ValueError(f"merge part {piece!r} is not in the vocabulary")
+        model["merges"].append([a, b])
+        vocab.setdefault(a + b, len(vocab))
+    for token in extra_vocab:
+        vocab.setdefault(token, len(vocab))
+    special = {
+        role: getattr(tokenizer, role) for role in SPECIAL_ROLES if getattr(tokenizer, role) is not None
+    }
+    return _wrap(Tokenizer.from_str(json.dumps(spec)), **special)
+
+
+def tiny_llama(vocab_rows: int, tied: bool, hidden: int = 32, seed: int = 0) -> LlamaForCausalLM:
+    """A 2-layer random Llama; embedding rows N(0, 1) (untied head: N(0.5, 2)): rows easy to tell apart."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_rows,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=64,
+        tie_word_embeddings=tied,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_()
+        if not tied:
+            model.get_output_embeddings().weight.normal_(
+                mean=0.5, std=2.0
+            )  # a different space from the input
+    return model
