@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.init.align import align_rows
 from vocgraft.models import load_model
 from vocgraft.plan import VocabPlan
@@ -25,7 +25,7 @@ from vocgraft.tokenization.expand import expand_tokenizer
 from vocgraft.tokenization.train import train_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "el" / "train.txt"
+CORPUS = SHARED_CORPORA / "el" / "train.txt"
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ loss) timed in the same run, so eval speed is read as a ratio rather than an abs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -28,8 +27,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @torch.inference_mode()
-def bare_forward_tokens_per_second(model, token_stream: list[int], batch: int = 8, length: int = 512,
-                                   batches: int = 3) -> float:
+def bare_forward_tokens_per_second(
+    model, token_stream: list[int], batch: int = 8, length: int = 512, batches: int = 3
+) -> float:
     """Plain forward passes over full 8 x 512 blocks of real tokens: the ceiling eval is compared with."""
     need = batch * length * batches
     stream = (token_stream * (need // max(len(token_stream), 1) + 1))[:need]
@@ -73,23 +73,47 @@ def main() -> None:
         result["bare_forward_tokens_per_second"] = bare
         result["throughput_vs_bare"] = result["bpb"]["forward_tokens_per_second"] / bare
         report["languages"][lang] = result
-        print(f"{lang}: {result['bpb']['bits_per_byte']:.3f} bits/byte, "
-              f"{result['tokenizer']['tokens_per_line_mean']:.1f} tokens/line, "
-              f"{result['bpb']['forward_tokens_per_second']:.0f} tokens/s (bare loop {bare:.0f})", flush=True)
+        print(
+            f"{lang}: {result['bpb']['bits_per_byte']:.3f} bits/byte, "
+            f"{result['tokenizer']['tokens_per_line_mean']:.1f} tokens/line, "
+            f"{result['bpb']['forward_tokens_per_second']:.0f} tokens/s (bare loop {bare:.0f})",
+            flush=True,
+        )
         write_json(f"{args.out}.json", report)  # after every language, so a long run keeps what it measured
 
     rows = [
-        [lang, r["tokenizer"]["tokens_per_line_mean"], r["tokenizer"]["bytes_per_token"], r["bpb"]["bits_per_byte"],
-         r["bpb"]["uniform_bits_per_byte"], r["bpb"]["perplexity"], r["bpb"]["forward_tokens_per_second"],
-         r["throughput_vs_bare"]]
+        [
+            lang,
+            r["tokenizer"]["tokens_per_line_mean"],
+            r["tokenizer"]["bytes_per_token"],
+            r["bpb"]["bits_per_byte"],
+            r["bpb"]["uniform_bits_per_byte"],
+            r["bpb"]["perplexity"],
+            r["bpb"]["forward_tokens_per_second"],
+            r["throughput_vs_bare"],
+        ]
         for lang, r in report["languages"].items()
     ]
-    table = markdown_table(["lang", "tokens/line", "bytes/token", "bits/byte", "uniform bits/byte", "perplexity",
-                            "eval tokens/s", "vs bare loop"], rows, digits=2)
-    header = (f"# Baseline: {args.model}, first {args.limit} held-out lines per language\n\n"
-              f"{report['machine']}, {report['date']}; bare forward loop (8 x 512, timed before each language): "
-              f"{min(bare_runs):.0f}-{max(bare_runs):.0f} tokens/s; "
-              f"model load {load_seconds:.1f} s.\n\n")
+    table = markdown_table(
+        [
+            "lang",
+            "tokens/line",
+            "bytes/token",
+            "bits/byte",
+            "uniform bits/byte",
+            "perplexity",
+            "eval tokens/s",
+            "vs bare loop",
+        ],
+        rows,
+        digits=2,
+    )
+    header = (
+        f"# Baseline: {args.model}, first {args.limit} held-out lines per language\n\n"
+        f"{report['machine']}, {report['date']}; bare forward loop (8 x 512, timed before each language): "
+        f"{min(bare_runs):.0f}-{max(bare_runs):.0f} tokens/s; "
+        f"model load {load_seconds:.1f} s.\n\n"
+    )
     Path(f"{args.out}.md").write_text(header + table + "\n", encoding="utf-8")
     print(table)
 

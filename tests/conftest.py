@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"  # ../shared/corpora from the repository
+from vocgraft.corpus import SHARED_CORPORA as CORPORA
 
 
 def corpus_path(lang: str, split: str = "train") -> Path:
@@ -35,9 +35,7 @@ def bytelevel_source_tokenizer():
     )
     backend.train_from_iterator(read_lines(corpus_path("en"), limit=300), trainer=trainer)
     special = "<|endoftext|>"
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=special, eos_token=special, unk_token=special
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=special, eos_token=special, unk_token=special)
 
 
 @pytest.fixture(scope="session")

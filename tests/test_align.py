@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from vocgraft.corpus import SHARED_CORPORA
 from vocgraft.init import InitContext, get_method
 from vocgraft.init.align import _byte_spans, _char_to_byte, align_counts, align_rows, count_pairs
 from vocgraft.init.mean import mean_rows
@@ -180,8 +182,9 @@ def test_leading_space_is_counted_alike_whether_offsets_include_it_or_not(source
 
 def test_sentencepiece_source_against_byte_level_target():
     """A ▁-piece's offsets and a Ġ-token's offsets cover the same bytes once both own their leading space."""
-    source = sp_bpe(["<unk>", "▁", "x", "a", "b", "▁x", "ab", "▁ab", "<0xCE>", "<0xB1>"],
-                    [("a", "b"), ("▁", "ab"), ("▁", "x")])
+    source = sp_bpe(
+        ["<unk>", "▁", "x", "a", "b", "▁x", "ab", "▁ab", "<0xCE>", "<0xB1>"], [("a", "b"), ("▁", "ab"), ("▁", "x")]
+    )
     assert pieces(source, "x  ab α") == ["▁x", "▁", "▁ab", "▁", "<0xCE>", "<0xB1>"]
     target = byte_bpe([("a", "b"), ("Ġ", "ab"), ("Î", "±")])
     new_ab, alpha = ids(target, "Ġab", "Î±")
@@ -231,6 +234,22 @@ def test_registered_and_callable_through_the_registry(source, target):
     assert torch.equal(rows, align_rows(matrix, plan, source, target, LINES, show_progress=False))
 
 
+def test_untied_head_pass_reuses_the_corpus_counts(source, target, monkeypatch):
+    import vocgraft.init.align as align_module
+
+    calls = []
+    real = align_module.count_pairs
+    monkeypatch.setattr(align_module, "count_pairs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plan = VocabPlan.from_tokenizers(source, target, "expand")
+    ctx = InitContext(plan, source, target, corpus=LINES, seed=0, space="input")
+    embeddings, head = torch.randn(len(source), 5), torch.randn(len(source), 5)
+    rows_in = get_method("align")(embeddings, ctx)
+    rows_head = get_method("align")(head, replace(ctx, space="head"))
+    assert len(calls) == 1
+    assert torch.equal(rows_head, align_rows(head, plan, source, target, LINES, show_progress=False))
+    assert not torch.equal(rows_in, rows_head)
+
+
 def test_align_without_a_corpus_says_so(source, target):
     plan = VocabPlan.from_tokenizers(source, target, "expand")
     ctx = InitContext(plan, source, target, corpus=None, seed=0, space="input")
@@ -246,7 +265,6 @@ def test_align_without_a_corpus_says_so(source, target):
 def test_real_expansion_tuples_spell_the_new_token():
     """SmolLM2 expanded with Greek tokens: new merges only join whole source pieces, so every tuple must spell
     exactly its new token's bytes (split characters included)."""
-    from pathlib import Path
 
     from vocgraft.corpus import read_lines
     from vocgraft.models import load_tokenizer
@@ -254,7 +272,7 @@ def test_real_expansion_tuples_spell_the_new_token():
     from vocgraft.tokenization.expand import expand_tokenizer
     from vocgraft.tokenization.train import train_tokenizer
 
-    corpus = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "el" / "train.txt"
+    corpus = SHARED_CORPORA / "el" / "train.txt"
     if not corpus.is_file():
         pytest.fail(f"{corpus} is missing; the shared corpora are needed for this test.")
     source = load_tokenizer("smollm2")

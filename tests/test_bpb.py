@@ -33,8 +33,15 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -62,8 +69,9 @@ def test_bits_per_byte_equals_hand_computation(model, tokenizer, max_length, str
     assert max(len(x) for x in ids) > 6  # the short windows really split lines
     expected_nll = sum(hand_nll(model, [tokenizer.bos_token_id, *x], max_length, stride) for x in ids)
     nbytes = sum(len(line.encode()) for line in TEXT)
-    result = bits_per_byte(model, tokenizer, TEXT, max_length=max_length, stride=stride, batch_size=2,
-                           show_progress=False)
+    result = bits_per_byte(
+        model, tokenizer, TEXT, max_length=max_length, stride=stride, batch_size=2, show_progress=False
+    )
     assert result["tokens_scored"] == sum(len(x) for x in ids)
     assert result["bytes"] == nbytes
     assert result["nll_nats"] == pytest.approx(expected_nll, rel=1e-5)

@@ -13,12 +13,16 @@ from tiny import (
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from vocgraft.models import tokenizer_kind
 from vocgraft.tokenization.canonical import (
     Rules,
     byte_to_unicode,
     canonical_form,
     canonical_tokens,
     encode_canonical,
+    fuzzy_key,
+    fuzzy_parts,
+    is_symbolic,
     surface_text,
     tokenizer_family,
 )
@@ -75,6 +79,12 @@ def test_family_of_each_tiny_tokenizer(bytelevel, sp, wordpiece, unigram):
     assert tokenizer_family(unigram) == "unigram"
 
 
+def test_family_agrees_with_the_model_loader(bytelevel, sp, wordpiece, unigram):
+    # the view reads the family from the JSON it parses anyway; it must name it as models.tokenizer_kind does
+    for tok in (bytelevel, sp, wordpiece, unigram, tiny_bytelevel_tokenizer()):
+        assert tokenizer_family(tok) == tokenizer_kind(tok)
+
+
 def test_unsupported_tokenizer_type_is_a_clear_error():
     backend = Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -94,6 +104,14 @@ def test_the_same_text_is_the_same_bytes_in_every_family(bytelevel, sp, unigram,
     assert canonical_tokens(sp)[sp.convert_tokens_to_ids("▁the")] == b" the"
     assert canonical_tokens(bytelevel)[bytelevel.convert_tokens_to_ids("Ġthe")] == b" the"
     assert canonical_tokens(unigram)[unigram.convert_tokens_to_ids("▁")] == b" "
+
+
+def test_bytelevel_characters_outside_the_byte_table_keep_their_utf8():
+    # not producible by byte-level training, but a hand-edited vocabulary may hold them
+    assert canonical_form("\xad", "byte-level-bpe") == "\xad".encode() == b"\xc2\xad"  # soft hyphen: shifted
+    assert canonical_form(" x", "byte-level-bpe") == b" x"  # a raw space is a space
+    assert canonical_form("Ġ中", "byte-level-bpe") == b" " + "中".encode()
+    assert canonical_form("Ã©", "byte-level-bpe") == "é".encode()  # table characters: their bytes
 
 
 def test_sentencepiece_byte_pieces_are_their_byte(sp):
@@ -139,6 +157,35 @@ def test_canonical_tokens_follow_added_tokens():
     tok.add_tokens(["<extra>"])  # an added token: no canonical form, and the cached view must notice
     after = canonical_tokens(tok)
     assert len(after) == len(before) + 1 and after[-1] is None
+
+
+# --- fuzzy forms (FOCUS, Appendix B)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fuzzy_parts_split_off_one_word_start_space():
+    assert fuzzy_parts(b" 1919") == (True, "1919") and fuzzy_parts(b"1919") == (False, "1919")
+    assert fuzzy_parts("▁λ".replace("▁", " ").encode()) == (True, "λ")
+    assert fuzzy_parts(b"   ") == (True, "  ")  # whitespace: only the marker goes
+    assert fuzzy_parts(b" ") is None and fuzzy_parts(b"") is None  # the bare marker has nothing to compare
+    # partial UTF-8 has no fuzzy form: it is only ever compared as bytes
+    assert fuzzy_parts(b"\xce") is None and fuzzy_parts(b" \xce") is None and fuzzy_parts(b"\xce\xbb\xce") is None
+
+
+def test_only_numbers_punctuation_and_whitespace_are_symbolic():
+    for text in ("1919", "3.5", "1%", "[6]", ";-)", "!!!", "...", "\t\t", "  ", "\n", "Ⅻ", "½", "²", "€", "«»", "—"):
+        assert is_symbolic(text), text
+    for text in ("", "a", "λόγος", "a1", "1a", "e\u0301", "\u0301", "_x", "Ⅻa"):
+        assert not is_symbolic(text), text
+    import string
+
+    assert is_symbolic(string.punctuation) and all(is_symbolic(c) for c in string.punctuation)
+
+
+def test_fuzzy_key_ignores_case_and_word_start_only():
+    assert fuzzy_key(b" \xe2\x85\xab") == fuzzy_key("ⅻ".encode()) == "ⅻ"  # " Ⅻ" and "ⅻ"
+    assert fuzzy_key(b" 12") == fuzzy_key(b"12") != fuzzy_key(b"  12")
+    assert fuzzy_key(b"\xce") is None
 
 
 # --- encode_canonical

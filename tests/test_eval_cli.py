@@ -16,13 +16,20 @@ def save_tiny(path, vocab_size):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(LINES * 5, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<s>")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -38,8 +45,22 @@ def assets(tmp_path_factory):
 def test_eval_writes_json_with_the_documented_schema(assets, tmp_path, capsys):
     model, baseline, text = assets
     out = tmp_path / "r" / "eval.json"
-    assert main(["eval", "--model", str(model), "--text", str(text), "--baseline-tokenizer", str(baseline),
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(model),
+                "--text",
+                str(text),
+                "--baseline-tokenizer",
+                str(baseline),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     tok, base, bpb = result["tokenizer"], result["baseline_tokenizer"], result["bpb"]
     for section in (tok, base):
@@ -60,7 +81,8 @@ def test_eval_writes_json_with_the_documented_schema(assets, tmp_path, capsys):
 def test_eval_limit_and_no_bpb(assets, tmp_path):
     model, _, text = assets
     out = tmp_path / "e.json"
-    assert main(["eval", "--model", str(model), "--text", str(text), "--limit", "2", "--no-bpb", "--json", str(out)]) == 0
+    args = ["eval", "--model", str(model), "--text", str(text), "--limit", "2", "--no-bpb", "--json", str(out)]
+    assert main(args) == 0
     result = json.loads(out.read_text())
     assert result["tokenizer"]["lines"] == 2 and "bpb" not in result and "speedup" not in result
 

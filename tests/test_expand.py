@@ -7,16 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
+from vocgraft.corpus import SHARED_CORPORA as CORPORA
 from vocgraft.corpus import read_lines
 from vocgraft.tokenization import BPEModel, expand_tokenizer, parse_merges, rank_new_tokens, train_tokenizer
 from vocgraft.tokenization.expand import bpe_family
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 K = 40
 
 
@@ -142,9 +141,7 @@ def test_wanted_tokens_come_out_of_ordinary_encode(case):
         text = _surface(source, token)
         if text is None:
             continue
-        assert ex.tokenizer.encode(text, add_special_tokens=False) == [
-            ex.tokenizer.convert_tokens_to_ids(token)
-        ]
+        assert ex.tokenizer.encode(text, add_special_tokens=False) == [ex.tokenizer.convert_tokens_to_ids(token)]
         checked += 1
     assert checked >= 5
 
@@ -245,9 +242,7 @@ def test_everything_but_vocab_and_merges_is_unchanged(case):
 def _variant(tokenizer, **model_flags):
     spec = _spec(tokenizer)
     spec["model"].update(model_flags)
-    return _fast(
-        spec, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token
-    )
+    return _fast(spec, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token)
 
 
 @pytest.mark.parametrize("flags", [{"ignore_merges": True}, {"dropout": 0.0, "fuse_unk": True}])
@@ -445,9 +440,7 @@ def test_mismatched_families_are_clear_errors(bytelevel_source_tokenizer, sp_sou
     sp_aux = train_tokenizer(train, "sp-bpe", 700)
     bl_aux = train_tokenizer(train, "bytelevel-bpe", 700, like=bytelevel_source_tokenizer)
     unigram_aux = train_tokenizer(train, "sp-unigram", 700)
-    with pytest.raises(
-        ValueError, match="SentencePiece-style BPE but the source is byte-level BPE.*bytelevel-bpe"
-    ):
+    with pytest.raises(ValueError, match="SentencePiece-style BPE but the source is byte-level BPE.*bytelevel-bpe"):
         expand_tokenizer(bytelevel_source_tokenizer, sp_aux, train, 5)
     with pytest.raises(ValueError, match="byte-level BPE but the source is SentencePiece-style BPE.*sp-bpe"):
         expand_tokenizer(sp_source_tokenizer, bl_aux, train, 5)

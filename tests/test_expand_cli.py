@@ -22,8 +22,22 @@ def source(tmp_path_factory):
 
 
 def expand_args(root, out, init="merge", *extra):
-    return ["expand", "--model", str(root / "source"), "--corpus", str(root / "el.txt"), "--new-tokens", "30",
-            "--init", init, "--aux-vocab-size", "700", "--out", str(out), *extra]
+    return [
+        "expand",
+        "--model",
+        str(root / "source"),
+        "--corpus",
+        str(root / "el.txt"),
+        "--new-tokens",
+        "30",
+        "--init",
+        init,
+        "--aux-vocab-size",
+        "700",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 RELOAD = """
@@ -50,7 +64,7 @@ def test_expand_saves_a_directory_plain_transformers_loads_and_generates_with(so
     assert len(expansion["new_tokens"]) == 30
     assert (out / "vocgraft-plan.json").is_file()
     printed = capsys.readouterr().out
-    summary = json.loads(printed[printed.index("{"):])
+    summary = json.loads(printed[printed.index("{") :])
     assert summary["roundtrip_exact"] and summary["tokens_per_line_after"] < summary["tokens_per_line_before"]
     done = subprocess.run([sys.executable, "-c", RELOAD, str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -79,8 +93,13 @@ def test_expand_refuses_to_overwrite_and_leaves_no_half_written_output(source, t
 
 
 def test_expand_rejects_bad_arguments(source, tmp_path, capsys):
-    assert main(expand_args(source, tmp_path / "o")[:-6] + ["--new-tokens", "0", "--init", "mean", "--out",
-                                                            str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            expand_args(source, tmp_path / "o")[:-6]
+            + ["--new-tokens", "0", "--init", "mean", "--out", str(tmp_path / "o")]
+        )
+        == 2
+    )
     assert "must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(expand_args(source, tmp_path / "o", "nonsense"))

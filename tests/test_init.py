@@ -83,9 +83,7 @@ def rows_by_token(rows: torch.Tensor, plan: VocabPlan) -> dict[str, torch.Tensor
 def synthetic_plan(n_source: int, n_new: int) -> VocabPlan:
     """A plan whose tokens are never looked at (Random, Multivariate): only the sizes matter."""
     src = [f"s{i}" for i in range(n_source)]
-    return VocabPlan(
-        "expand", src, src + [f"n{i}" for i in range(n_new)], {i: i for i in range(n_source)}, "x", "x"
-    )
+    return VocabPlan("expand", src, src + [f"n{i}" for i in range(n_new)], {i: i for i in range(n_source)}, "x", "x")
 
 
 def correlated_rows(n: int, d: int, seed: int = 0) -> torch.Tensor:
@@ -245,9 +243,7 @@ def test_merge_rows_are_hierarchical_means_along_the_merge_tree(source, target, 
 def test_merge_reads_legacy_string_merges(source, target, plan, matrix):
     spec = json.loads(target.backend_tokenizer.to_str())
     spec["model"]["merges"] = [" ".join(m) for m in spec["model"]["merges"]]
-    legacy = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|endoftext|>"
-    )
+    legacy = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|endoftext|>")
     assert target_merges(legacy)[0][-1] == ("Ġ", "Î")
     assert torch.equal(merge_rows(matrix, plan, source, legacy), merge_rows(matrix, plan, source, target))
 
@@ -276,9 +272,7 @@ def test_merge_without_merges_is_mean(source, matrix):
 
 def test_registry_lists_the_methods_and_rejects_unknown_names():
     assert set(BUILTIN) <= set(METHODS)
-    with pytest.raises(
-        ValueError, match=r"unknown init method 'focuss'; available: .*mean, merge, multivariate"
-    ):
+    with pytest.raises(ValueError, match=r"unknown init method 'focuss'; available: .*mean, merge, multivariate"):
         get_method("focuss")
     with pytest.raises(ValueError, match="registered twice"):
         register("mean")(lambda m, c: m)
@@ -335,9 +329,7 @@ def test_initialize_hands_each_space_its_own_matrix_and_checks_the_result(source
     assert torch.equal(seen[0][1], model.get_input_embeddings().weight.detach())
     assert torch.equal(seen[1][1], model.get_output_embeddings().weight.detach())
 
-    monkeypatch.setitem(
-        METHODS, "nan", lambda m, c: torch.full((len(c.plan.new_ids), m.shape[1]), float("nan"))
-    )
+    monkeypatch.setitem(METHODS, "nan", lambda m, c: torch.full((len(c.plan.new_ids), m.shape[1]), float("nan")))
     with pytest.raises(ValueError, match="NaN/inf rows"):
         initialize(model, "nan", ctx_for(plan, source, target))
     monkeypatch.setitem(METHODS, "short", lambda m, c: torch.ones(1, m.shape[1]))

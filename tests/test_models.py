@@ -5,8 +5,8 @@ import time
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from vocgraft import models as vm
 
@@ -17,8 +17,15 @@ def saved_dir(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     return tmp_path / "m"

@@ -304,9 +304,7 @@ def test_bf16_model_stays_bf16_and_old_rows_are_bit_identical(tied):
         (True, (5, HIDDEN), None, True, r"input_rows contains NaN or inf \(rows \[3\]"),
     ],
 )
-def test_shape_mismatch_is_a_clear_error_and_leaves_the_model_untouched(
-    tied, rows_shape, head_shape, nan, message
-):
+def test_shape_mismatch_is_a_clear_error_and_leaves_the_model_untouched(tied, rows_shape, head_shape, nan, message):
     model = tiny_llama(len(SOURCE), tied=tied)
     old_in, old_head = snapshot(model)
     plan = expand_plan(SOURCE, NEW)

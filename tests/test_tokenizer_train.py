@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
+from vocgraft.corpus import SHARED_CORPORA as CORPORA
 from vocgraft.corpus import read_lines
 from vocgraft.outdir import MANIFEST, OutputExistsError
 from vocgraft.tokenization import TOKENIZER_KINDS, save_tokenizer, sentencepiece_model_bytes, train_tokenizer
 from vocgraft.tokenization.train import SENTENCEPIECE_FILE
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 VOCAB = {"bytelevel-bpe": 800, "sp-bpe": 800, "sp-unigram": 800}
 # lines a tokenizer must survive beyond corpus text: repeated/leading spaces, tabs, newlines, unseen scripts
 ODD_LINES = [
@@ -63,9 +62,7 @@ def test_literal_special_tokens_are_recognized(trained, kind):
 @pytest.mark.parametrize("kind", TOKENIZER_KINDS)
 def test_learns_target_language_pieces(trained, greek_heldout, kind):
     tok = trained[kind]
-    mean_tokens = sum(len(tok.encode(x, add_special_tokens=False)) for x in greek_heldout) / len(
-        greek_heldout
-    )
+    mean_tokens = sum(len(tok.encode(x, add_special_tokens=False)) for x in greek_heldout) / len(greek_heldout)
     mean_chars = sum(len(x) for x in greek_heldout) / len(greek_heldout)
     assert mean_tokens < 0.6 * mean_chars  # multi-character pieces, not characters or bytes
 
@@ -108,9 +105,7 @@ def test_sentencepiece_kinds_agree_with_sentencepiece(trained, greek_heldout, ki
 
     tok = trained[kind]
     sp = spm.SentencePieceProcessor(model_proto=sentencepiece_model_bytes(tok))
-    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == tok.convert_ids_to_tokens(
-        list(range(len(tok)))
-    )
+    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == tok.convert_ids_to_tokens(list(range(len(tok))))
     for line in greek_heldout[:100]:
         assert tok.encode(line, add_special_tokens=False) == sp.encode(line)
 
@@ -154,20 +149,16 @@ def _with_pre_tokenizer(tokenizer, pre_tokenizer_json: dict, extra_special: str 
     return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
 
 
-def test_like_copies_pre_tokenization_and_special_tokens(
-    bytelevel_source_tokenizer, greek_lines, greek_heldout
-):
+def test_like_copies_pre_tokenization_and_special_tokens(bytelevel_source_tokenizer, greek_lines, greek_heldout):
     # a Llama-3/SmolLM-like source: digits split one by one before byte-level pre-tokenization, BOS added
-    digits_then_bytes = json.loads(
-        Tokenizer.from_str(bytelevel_source_tokenizer.backend_tokenizer.to_str()).to_str()
-    )["pre_tokenizer"]
+    digits_then_bytes = json.loads(Tokenizer.from_str(bytelevel_source_tokenizer.backend_tokenizer.to_str()).to_str())[
+        "pre_tokenizer"
+    ]
     digits_then_bytes = {
         "type": "Sequence",
         "pretokenizers": [{"type": "Digits", "individual_digits": True}, digits_then_bytes],
     }
-    like = _with_pre_tokenizer(
-        bytelevel_source_tokenizer, digits_then_bytes, extra_special="<|begin_of_text|>"
-    )
+    like = _with_pre_tokenizer(bytelevel_source_tokenizer, digits_then_bytes, extra_special="<|begin_of_text|>")
     aux = train_tokenizer(greek_lines, "bytelevel-bpe", 700, like=like)
     plain = train_tokenizer(greek_lines, "bytelevel-bpe", 700)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-CORPORA = Path("/work/shared/corpora")
+from vocgraft.corpus import SHARED_CORPORA as CORPORA
+
 SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -29,9 +29,7 @@ def _wrap(backend: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
 
 
-def tiny_bytelevel_tokenizer(
-    vocab_size: int = 400, text: Sequence[str] | None = None
-) -> PreTrainedTokenizerFast:
+def tiny_bytelevel_tokenizer(vocab_size: int = 400, text: Sequence[str] | None = None) -> PreTrainedTokenizerFast:
     """GPT-2-style byte-level BPE on English: all 256 byte symbols; ``<|endoftext|>`` (id 0) is bos, eos."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -56,9 +54,7 @@ def tiny_sp_tokenizer(vocab_size: int = 500, text: Sequence[str] | None = None) 
     )
     specials = [AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    backend.train_from_iterator(
-        text if text is not None else lines("en", 150) + lines("el", 150), trainer=trainer
-    )
+    backend.train_from_iterator(text if text is not None else lines("en", 150) + lines("el", 150), trainer=trainer)
     spec = json.loads(backend.to_str())
     vocab = spec["model"]["vocab"]
     for b in range(256):  # byte pieces as normal vocab entries, as SentencePiece's byte_fallback has them
@@ -109,9 +105,7 @@ def tokenizer_with_extra_merges(
         vocab.setdefault(a + b, len(vocab))
     for token in extra_vocab:
         vocab.setdefault(token, len(vocab))
-    special = {
-        role: getattr(tokenizer, role) for role in SPECIAL_ROLES if getattr(tokenizer, role) is not None
-    }
+    special = {role: getattr(tokenizer, role) for role in SPECIAL_ROLES if getattr(tokenizer, role) is not None}
     return _wrap(Tokenizer.from_str(json.dumps(spec)), **special)
 
 
@@ -131,7 +125,5 @@ def tiny_llama(vocab_rows: int, tied: bool, hidden: int = 32, seed: int = 0) -> 
     with torch.no_grad():
         model.get_input_embeddings().weight.normal_()
         if not tied:
-            model.get_output_embeddings().weight.normal_(
-                mean=0.5, std=2.0
-            )  # a different space from the input
+            model.get_output_embeddings().weight.normal_(mean=0.5, std=2.0)  # a different space from the input
     return model

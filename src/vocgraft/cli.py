@@ -8,11 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from vocgraft.corpus import CorpusError
+from vocgraft.corpus import (
+    SHARED_CORPORA,  # noqa: F401  (benchmarks import it from here too)
+    CorpusError,
+)
 from vocgraft.models import DEFAULT_MODEL, ModelLoadError
 from vocgraft.outdir import OutputExistsError
-
-SHARED_CORPORA = Path(__file__).resolve().parents[3] / "shared" / "corpora"
 
 
 def write_json(path: str | Path, data: dict) -> None:
@@ -32,8 +33,17 @@ def cmd_info(args) -> None:
     print(json.dumps(info, indent=2))
 
 
-def run_eval(model_spec: str, text: str, *, baseline: str | None, limit: int | None, with_bpb: bool = True,
-             max_length: int = 512, batch_size: int = 8, field: str = "text") -> dict:
+def run_eval(
+    model_spec: str,
+    text: str,
+    *,
+    baseline: str | None,
+    limit: int | None,
+    with_bpb: bool = True,
+    max_length: int = 512,
+    batch_size: int = 8,
+    field: str = "text",
+) -> dict:
     from vocgraft.corpus import read_lines
     from vocgraft.eval import evaluate
     from vocgraft.models import describe, load_tokenizer, timed_load
@@ -41,8 +51,15 @@ def run_eval(model_spec: str, text: str, *, baseline: str | None, limit: int | N
     lines = read_lines(text, limit=limit, field=field)
     model, tokenizer, load_seconds = timed_load(model_spec)
     baseline_tokenizer = load_tokenizer(baseline) if baseline else None
-    result = evaluate(model, tokenizer, lines, baseline_tokenizer=baseline_tokenizer, with_bpb=with_bpb,
-                      max_length=max_length, batch_size=batch_size)
+    result = evaluate(
+        model,
+        tokenizer,
+        lines,
+        baseline_tokenizer=baseline_tokenizer,
+        with_bpb=with_bpb,
+        max_length=max_length,
+        batch_size=batch_size,
+    )
     return {
         "model": model_spec,
         "text": str(text),
@@ -57,9 +74,16 @@ def run_eval(model_spec: str, text: str, *, baseline: str | None, limit: int | N
 def cmd_eval(args) -> None:
     from vocgraft.report import eval_markdown
 
-    result = run_eval(args.model, args.text, baseline=args.baseline_tokenizer, limit=args.limit,
-                      with_bpb=not args.no_bpb, max_length=args.max_length, batch_size=args.batch_size,
-                      field=args.field)
+    result = run_eval(
+        args.model,
+        args.text,
+        baseline=args.baseline_tokenizer,
+        limit=args.limit,
+        with_bpb=not args.no_bpb,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        field=args.field,
+    )
     if args.json:
         write_json(args.json, result)
     print(eval_markdown(result, name=Path(args.model).name or args.model))
@@ -75,8 +99,12 @@ def cmd_tokenizer_train(args) -> None:
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     like = load_tokenizer(args.like) if args.like else None
     tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
-    save_tokenizer(tokenizer, args.out, overwrite=args.overwrite,
-                   manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}})
+    save_tokenizer(
+        tokenizer,
+        args.out,
+        overwrite=args.overwrite,
+        manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}},
+    )
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
 
 
@@ -104,24 +132,89 @@ def cmd_expand(args) -> None:
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     protect = read_lines(args.protect) if args.protect else None
     out, result = expand_model(
-        args.model, lines, args.new_tokens, args.init, args.out, aux_tokenizer_spec=args.aux_tokenizer,
-        aux_vocab_size=args.aux_vocab_size, protect=protect, seed=args.seed, overwrite=args.overwrite,
+        args.model,
+        lines,
+        args.new_tokens,
+        args.init,
+        args.out,
+        aux_tokenizer_spec=args.aux_tokenizer,
+        aux_vocab_size=args.aux_vocab_size,
+        protect=protect,
+        seed=args.seed,
+        overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
     )
     added = result.expansion.to_dict()
-    print(f"added {added['added']} tokens ({added['intermediate_count']} intermediates) with init={args.init} "
-          f"-> {out}")
+    print(f"added {added['added']} tokens ({added['intermediate_count']} intermediates) with init={args.init} -> {out}")
     if args.heldout:
         from vocgraft.models import load_tokenizer
 
-        summary = expansion_summary(load_tokenizer(args.model), result.tokenizer, result.plan.new_ids,
-                                    read_lines(args.heldout, limit=args.eval_limit))
+        summary = expansion_summary(
+            load_tokenizer(args.model),
+            result.tokenizer,
+            result.plan.new_ids,
+            read_lines(args.heldout, limit=args.eval_limit),
+        )
         print(json.dumps(summary, indent=2))
+
+
+def cmd_replace(args) -> None:
+    from vocgraft.corpus import read_lines
+    from vocgraft.recipes.replace import replace_model
+
+    lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
+    out, result = replace_model(
+        args.model,
+        lines,
+        args.init,
+        args.out,
+        tokenizer_spec=args.tokenizer,
+        target_kind=args.kind,
+        target_vocab_size=args.vocab_size,
+        target_plm=args.target_plm,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        inputs={"corpus": args.corpus, "corpus_lines": len(lines)},
+    )
+    summary = result.plan.summary()
+    print(
+        f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
+        f"{summary['new']} initialized with {args.init} -> {out}"
+    )
+    if result.stats:
+        print(json.dumps(result.stats, indent=2, default=str))
+    if args.heldout:
+        from vocgraft.eval import encode_lines, fertility, speedup
+        from vocgraft.models import load_tokenizer
+
+        text = read_lines(args.heldout, limit=args.eval_limit)
+        before = fertility(encode_lines(load_tokenizer(args.model), text), text)
+        after = fertility(encode_lines(result.tokenizer, text), text)
+        print(
+            f"tokens/line on {len(text)} held-out lines: {before['tokens_per_line_mean']:.2f} -> "
+            f"{after['tokens_per_line_mean']:.2f} (speedup proxy "
+            f"{speedup(before['tokens_per_line_mean'], after['tokens_per_line_mean']):.3f})"
+        )
+
+
+def cmd_plm_train(args) -> None:
+    from vocgraft.train.plm import plm_train_main
+
+    out = plm_train_main(
+        args.corpus,
+        args.tokenizer,
+        args.out,
+        args.minutes,
+        steps=args.steps,
+        max_lines=args.max_lines,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print(f"small target-language PLM -> {out}")
 
 
 def cmd_demo(args) -> None:
     """Expand SmolLM2 with k Greek tokens (Align) and compare source and expanded model on held-out Greek."""
-    import tempfile
 
     from vocgraft.corpus import read_lines
     from vocgraft.eval import evaluate
@@ -134,27 +227,50 @@ def cmd_demo(args) -> None:
     text = read_lines(heldout, limit=args.limit)
     # English training text: the new merges must not change how the source language tokenizes
     protect = read_lines(SHARED_CORPORA / "en" / "train.txt", limit=8192) if args.lang != "en" else None
-    print(f"vocgraft demo: {args.model} + {args.new_tokens} {args.lang} tokens ({args.init}), trained on "
-          f"{len(lines)} lines of {corpus}, measured on the first {len(text)} lines of {heldout}", file=sys.stderr)
+    print(
+        f"vocgraft demo: {args.model} + {args.new_tokens} {args.lang} tokens ({args.init}), trained on "
+        f"{len(lines)} lines of {corpus}, measured on the first {len(text)} lines of {heldout}",
+        file=sys.stderr,
+    )
     model, source_tokenizer = load_model(args.model)
     source = evaluate(model, source_tokenizer, text)
-    result = expand_loaded(model, source_tokenizer, lines, args.new_tokens, args.init,
-                           aux_vocab_size=args.aux_vocab_size, protect=protect)
+    result = expand_loaded(
+        model, source_tokenizer, lines, args.new_tokens, args.init, aux_vocab_size=args.aux_vocab_size, protect=protect
+    )
     expanded = evaluate(result.model, result.tokenizer, text, baseline_tokenizer=source_tokenizer)
     usage = expansion_summary(source_tokenizer, result.tokenizer, result.plan.new_ids, text)
-    rows = [[name, r["tokenizer"]["tokens_per_line_mean"], r["tokenizer"]["bytes_per_token"],
-             r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"]]
-            for name, r in (("source", source), (f"expanded k={args.new_tokens} {args.init}", expanded))]
+    rows = [
+        [
+            name,
+            r["tokenizer"]["tokens_per_line_mean"],
+            r["tokenizer"]["bytes_per_token"],
+            r["bpb"]["bits_per_byte"],
+            r["bpb"]["uniform_bits_per_byte"],
+        ]
+        for name, r in (("source", source), (f"expanded k={args.new_tokens} {args.init}", expanded))
+    ]
     print(markdown_table(["model", "tokens/line", "bytes/token", "bits/byte", "uniform bits/byte"], rows))
-    print(f"\nspeedup proxy {expanded['speedup']:.3f}x; {usage['new_tokens_used_share']:.0%} of the new tokens "
-          f"occur in the held-out text; round trip exact: {usage['roundtrip_exact']}; "
-          f"init took {result.timings['init_seconds']:.1f} s")
+    print(
+        f"\nspeedup proxy {expanded['speedup']:.3f}x; {usage['new_tokens_used_share']:.0%} of the new tokens "
+        f"occur in the held-out text; round trip exact: {usage['roundtrip_exact']}; "
+        f"init took {result.timings['init_seconds']:.1f} s"
+    )
     if args.out:
         from vocgraft.surgery import save_model_dir
 
-        save_model_dir(result.model, result.tokenizer, args.out, overwrite=True,
-                       manifest={"job": "demo", "source_model": args.model, "source_eval": source,
-                                 "expanded_eval": expanded, "usage": usage})
+        save_model_dir(
+            result.model,
+            result.tokenizer,
+            args.out,
+            overwrite=True,
+            manifest={
+                "job": "demo",
+                "source_model": args.model,
+                "source_eval": source,
+                "expanded_eval": expanded,
+                "usage": usage,
+            },
+        )
         print(f"saved the expanded model to {args.out}")
 
 
@@ -215,6 +331,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_expand)
 
+    p = sub.add_parser("replace", help="replace the tokenizer with a target-language one and initialize the new rows")
+    add_model_arg(p)
+    p.add_argument("--corpus", required=True, help="target-language training text (tokenizer, FOCUS, Align...)")
+    p.add_argument("--field", default="text")
+    p.add_argument("--tokenizer", help="the target tokenizer (default: train one on --corpus)")
+    p.add_argument(
+        "--kind",
+        choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"],
+        help="kind of the trained target tokenizer (default: the source's family)",
+    )
+    p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
+    p.add_argument("--init", required=True, choices=sorted(METHODS))
+    p.add_argument("--target-plm", help="a target-language model whose tokenizer is the target tokenizer (SALT)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
+    p.add_argument("--heldout", help="held-out text: report tokens/line before/after")
+    p.add_argument("--eval-limit", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_replace)
+
+    p = sub.add_parser("plm", help="a small target-language LM (SALT's target PLM when none can be downloaded)")
+    psub = p.add_subparsers(dest="plm_command", required=True)
+    t = psub.add_parser("train", help="train a small GPT-2-style LM from scratch with the target tokenizer")
+    t.add_argument("--corpus", required=True)
+    t.add_argument("--tokenizer", required=True, help="the target tokenizer (a directory)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--minutes", type=float, default=5.0, help="time budget")
+    t.add_argument("--steps", type=int, help="step budget (whichever runs out first)")
+    t.add_argument("--max-lines", type=int)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--overwrite", action="store_true")
+    t.set_defaults(func=cmd_plm_train)
+
     p = sub.add_parser("demo", help="the main job on the embedded defaults: expand SmolLM2 with Greek tokens")
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
@@ -230,9 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[Exception], ...]:
     from vocgraft.recipes.expand import ExpandError
+    from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
 
-    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, SurgeryError)
+    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError)
 
 
 def main(argv: list[str] | None = None) -> int:

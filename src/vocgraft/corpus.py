@@ -13,12 +13,18 @@ Lines are NFC-normalised and stripped; empty lines are skipped. Sampling keeps m
 from __future__ import annotations
 
 import json
+import os
 import random
 import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+# the shared multilingual corpora of this project's machines: ../shared/corpora next to the repository, unless
+# VOCGRAFT_CORPORA points elsewhere (the demo and the benchmarks read their defaults from here)
+SHARED_CORPORA = Path(os.environ.get("VOCGRAFT_CORPORA") or Path(__file__).resolve().parents[3] / "shared" / "corpora")
 
 
 class CorpusError(ValueError):
@@ -30,7 +36,7 @@ def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CorpusError(
-            f"{path}:{line_no}: not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 4]!r}). "
+            f"{path}:{line_no}: not valid UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 4]!r}). "
             "Convert the file to UTF-8, e.g. `iconv -f LATIN1 -t UTF-8`."
         ) from None
 
@@ -68,7 +74,7 @@ def _iter_hf_dataset(spec: str, field: str) -> Iterator[str]:
         raise CorpusError(
             f"{spec!r} names a Hugging Face dataset, but `datasets` is not installed: pip install 'vocgraft[datasets]'."
         ) from None
-    body = spec[len("hf:"):]
+    body = spec[len("hf:") :]
     name, _, split = body.partition(":")
     split = split or "train"
     path = Path(name)

@@ -117,9 +117,7 @@ def _check_rows(name: str, rows: torch.Tensor, n_new: int, hidden: int) -> None:
         shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
         raise SurgeryError(f"{name} must be a 2-D tensor (new tokens x hidden), got {shape}.")
     if rows.shape[0] != n_new:
-        raise SurgeryError(
-            f"{name} has {rows.shape[0]} rows but the plan has {n_new} new ids (len(plan.new_ids))."
-        )
+        raise SurgeryError(f"{name} has {rows.shape[0]} rows but the plan has {n_new} new ids (len(plan.new_ids)).")
     if rows.shape[1] != hidden:
         raise SurgeryError(f"{name} has hidden size {rows.shape[1]} but the model's matrix has {hidden}.")
     if not torch.isfinite(rows).all():
@@ -144,9 +142,7 @@ def _check_plan(plan: VocabPlan, new_ids: list[int], old_rows: int, target_len: 
 
     if plan.mode == "expand":
         if not torch.equal(copied_t, copied_s):
-            raise SurgeryError(
-                "an expand plan must copy every source token to its own id (target id == source id)."
-            )
+            raise SurgeryError("an expand plan must copy every source token to its own id (target id == source id).")
         if new_ids and min(new_ids) < n_source:
             raise SurgeryError(
                 f"expand plan puts new id {min(new_ids)} inside the source vocabulary (< {n_source}); "
@@ -166,9 +162,7 @@ def _check_plan(plan: VocabPlan, new_ids: list[int], old_rows: int, target_len: 
                 f"e.g. {missing[:5].tolist()}; the target tokenizer has {target_len} tokens."
             )
     if target_len > n_rows:
-        raise SurgeryError(
-            f"the target tokenizer has {target_len} tokens but the new matrix would have {n_rows} rows."
-        )
+        raise SurgeryError(f"the target tokenizer has {target_len} tokens but the new matrix would have {n_rows} rows.")
     return n_rows
 
 

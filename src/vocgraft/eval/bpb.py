@@ -44,7 +44,7 @@ def make_windows(ids: Sequence[int], prefix_id: int, max_length: int, stride: in
     return windows
 
 
-def batches_by_budget(windows: list[Window], max_tokens: int, max_padding: float = 0.25) -> list[list[Window]]:
+def batches_by_budget(windows: list[Window], max_tokens: int, max_padding: float = 0.1) -> list[list[Window]]:
     """Longest first; a batch holds as many windows as fit in ``max_tokens`` padded tokens, and only windows at least
     ``1 - max_padding`` times as long as its longest, so no row is mostly padding (short-line corpora would otherwise
     spend most of the compute on pads)."""
@@ -84,7 +84,9 @@ def collate(batch: list[Window], device) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 @torch.inference_mode()
-def score_windows(model, windows: list[Window], max_tokens: int, show_progress: bool = True) -> tuple[float, int, int, int]:
+def score_windows(
+    model, windows: list[Window], max_tokens: int, show_progress: bool = True
+) -> tuple[float, int, int, int]:
     """Sum of NLL (nats) over scored labels; numbers of scored labels, of non-pad inputs and of inputs with pads."""
     device = next(model.parameters()).device
     total_nll, scored, forward_tokens, padded_tokens = 0.0, 0, 0, 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,6 +34,9 @@ class InitContext:
     corpus: Sequence[str] | None = None  # target-language lines (Align, FOCUS)
     seed: int = 0
     space: str = "input"  # "input" embeddings or "head": which source matrix the method receives
+    # optional inputs some methods need (e.g. "target_embeddings" of a target-language PLM for SALT), and a cache
+    # that lives across the input and head passes (e.g. fastText vectors, Align counts): computed once per model
+    resources: dict[str, Any] = field(default_factory=dict)
 
     def generator(self) -> torch.Generator:
         """A CPU generator seeded from (seed, space): same seed, same rows; head and input noise differ."""
@@ -54,9 +57,7 @@ def register(name: str) -> Callable[[InitMethod], InitMethod]:
 
     def add(fn: InitMethod) -> InitMethod:
         if name in METHODS and METHODS[name] is not fn:
-            raise ValueError(
-                f"init method {name!r} is registered twice ({METHODS[name].__module__}, {fn.__module__})."
-            )
+            raise ValueError(f"init method {name!r} is registered twice ({METHODS[name].__module__}, {fn.__module__}).")
         METHODS[name] = fn
         return fn
 
@@ -103,16 +104,12 @@ def _run(fn: InitMethod, name: str, matrix: torch.Tensor, ctx: InitContext) -> t
     with torch.no_grad():
         rows = fn(matrix.detach().to(torch.float32), ctx)
     if tuple(rows.shape) != (n_new, hidden):
-        raise ValueError(
-            f"init method {name!r} returned shape {tuple(rows.shape)}, expected ({n_new}, {hidden})."
-        )
+        raise ValueError(f"init method {name!r} returned shape {tuple(rows.shape)}, expected ({n_new}, {hidden}).")
     rows = rows.to(torch.float32)
     bad = ~torch.isfinite(rows).all(dim=1)
     if bad.any():
         ids = [ctx.plan.new_ids[i] for i in bad.nonzero().flatten()[:5].tolist()]
-        raise ValueError(
-            f"init method {name!r} produced NaN/inf rows ({ctx.space} space) for target ids {ids} ..."
-        )
+        raise ValueError(f"init method {name!r} produced NaN/inf rows ({ctx.space} space) for target ids {ids} ...")
     zero = (rows == 0).all(dim=1)
     if zero.any():  # never silently: a zero row next to real ones is a sign of a broken method or source row
         warnings.warn(
@@ -123,10 +120,12 @@ def _run(fn: InitMethod, name: str, matrix: torch.Tensor, ctx: InitContext) -> t
 
 
 # Methods register themselves on import. One line per method file.
-from vocgraft.init import (  # noqa: F401
+from vocgraft.init import (  # noqa: E402, F401
     align,
+    focus,
     mean,
     merge,
     multivariate,
     random,
+    salt,
 )

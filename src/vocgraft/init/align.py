@@ -246,13 +246,17 @@ def align_rows(
     *,
     show_progress: bool = True,
     timings: dict[str, float] | None = None,
+    counts: Counter | None = None,
 ) -> torch.Tensor:
-    """Rows for ``plan.new_ids`` (in that order): Align where a token occurs in ``lines``, Mean elsewhere."""
+    """Rows for ``plan.new_ids`` (in that order): Align where a token occurs in ``lines``, Mean elsewhere.
+
+    ``counts``: the result of :func:`count_pairs` for these inputs, when already computed."""
     new_ids = list(plan.new_ids)
     matrix = source_matrix.detach().to(torch.float32)
-    counts = count_pairs(
-        source_tokenizer, target_tokenizer, lines, new_ids, show_progress=show_progress, timings=timings
-    )
+    if counts is None:
+        counts = count_pairs(
+            source_tokenizer, target_tokenizer, lines, new_ids, show_progress=show_progress, timings=timings
+        )
     t0 = time.perf_counter()
     rows = torch.sparse.mm(weight_matrix(counts, new_ids, matrix.shape[0]), matrix)
     seen = {tid for tid, _ in counts}
@@ -272,4 +276,18 @@ def align(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     if ctx.corpus is None:
         raise ValueError("init method 'align' needs a corpus: pass the target-language text (--corpus).")
     source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
-    return align_rows(source_matrix, ctx.plan, ctx.source_tokenizer, ctx.target_tokenizer, ctx.corpus)
+    # the counts depend only on the tokenizers and the corpus: an untied model's head pass reuses them
+    if "align_counts" not in ctx.resources:
+        timings: dict[str, float] = {}
+        ctx.resources["align_counts"] = count_pairs(
+            ctx.source_tokenizer, ctx.target_tokenizer, ctx.corpus, list(ctx.plan.new_ids), timings=timings
+        )
+        ctx.resources["align_stats"] = timings
+    return align_rows(
+        source_matrix,
+        ctx.plan,
+        ctx.source_tokenizer,
+        ctx.target_tokenizer,
+        ctx.corpus,
+        counts=ctx.resources["align_counts"],
+    )

@@ -108,9 +108,7 @@ class _Tree:
         return self.depth[p]
 
 
-def merge_rows(
-    source_matrix: torch.Tensor, plan: Any, source_tokenizer: Any, target_tokenizer: Any
-) -> torch.Tensor:
+def merge_rows(source_matrix: torch.Tensor, plan: Any, source_tokenizer: Any, target_tokenizer: Any) -> torch.Tensor:
     """Rows for ``plan.new_ids`` (in that order) by hierarchical means over the target merges."""
     new_ids = plan.new_ids
     matrix = source_matrix[: len(plan.source_tokens)].detach().to(torch.float32)
@@ -125,9 +123,7 @@ def merge_rows(
             matrix, plan, source_tokenizer, [new_ids[p] for p in fallback], target_tokenizer=target_tokenizer
         )
         if not merges:
-            warnings.warn(
-                "merge: the target tokenizer has no BPE merges; every new token gets Mean.", stacklevel=2
-            )
+            warnings.warn("merge: the target tokenizer has no BPE merges; every new token gets Mean.", stacklevel=2)
     for level in range(1, max(tree.depth.values(), default=0) + 1):
         positions = [p for p, d in tree.depth.items() if d == level]
         left = torch.tensor([tree.children[p][0] for p in positions], dtype=torch.long)

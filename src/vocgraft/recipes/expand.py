@@ -1,6 +1,6 @@
 """Expand a model's vocabulary: aux tokenizer -> top-k new tokens as real merges -> plan -> init -> surgery -> save.
 
-    expand_model("smollm2", corpus_lines, k=100, init="align", out_dir="out/el-k100")
+expand_model("smollm2", corpus_lines, k=100, init="align", out_dir="out/el-k100")
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import InitContext, get_method, initialize
+from vocgraft.init import get_method
 from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.surgery import graft, save_model_dir
+from vocgraft.recipes.common import init_and_graft, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 
 # which auxiliary tokenizer kind can expand which source tokenizer family
@@ -33,6 +33,7 @@ class Expanded:
     plan: VocabPlan
     expansion: Any  # tokenization.Expansion
     timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # what the init method reported (e.g. fallback shares)
 
 
 def train_aux_tokenizer(source_tokenizer, lines: Sequence[str], vocab_size: int, seed: int = 0):
@@ -74,13 +75,10 @@ def expand_loaded(
     plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "expand")
     timings["expansion_seconds"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    ctx = InitContext(plan, source_tokenizer, target_tokenizer, corpus=lines, seed=seed)
-    input_rows, head_rows = initialize(model, init, ctx)
-    timings["init_seconds"] = time.perf_counter() - start
-
-    graft(model, plan, input_rows, head_rows, target_tokenizer)
-    return Expanded(model, target_tokenizer, plan, expansion, timings)
+    timings["init_seconds"], resources = init_and_graft(
+        model, plan, source_tokenizer, target_tokenizer, init, corpus=lines, seed=seed
+    )
+    return Expanded(model, target_tokenizer, plan, expansion, timings, method_stats(resources))
 
 
 def expand_model(
@@ -101,20 +99,39 @@ def expand_model(
     check_writable(out_dir, overwrite)  # before minutes of work
     model, source_tokenizer = load_model(model_spec)
     aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
-    result = expand_loaded(model, source_tokenizer, lines, k, init, aux_tokenizer=aux,
-                           aux_vocab_size=aux_vocab_size, protect=protect, seed=seed)
+    result = expand_loaded(
+        model,
+        source_tokenizer,
+        lines,
+        k,
+        init,
+        aux_tokenizer=aux,
+        aux_vocab_size=aux_vocab_size,
+        protect=protect,
+        seed=seed,
+    )
     manifest = {
         "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **(inputs or {})},
         "method": {"stage": "expand", "init": init, "new_tokens": k, "aux_vocab_size": aux_vocab_size},
         "seed": seed,
         "source_model": model_spec,
         "plan": result.plan.summary(),
-        "expansion": {key: v for key, v in result.expansion.to_dict().items()
-                      if key in ("added", "wanted", "intermediate_count", "first_new_id", "candidates_considered",
-                                 "skipped_count")},
+        "expansion": {
+            key: v
+            for key, v in result.expansion.to_dict().items()
+            if key
+            in ("added", "wanted", "intermediate_count", "first_new_id", "candidates_considered", "skipped_count")
+        },
         "timings": result.timings,
+        "init_stats": result.stats,
     }
-    extra = {"vocgraft-plan.json": result.plan.to_dict(), "vocgraft-expansion.json": result.expansion.to_dict()}
-    out = save_model_dir(result.model, result.tokenizer, out_dir, overwrite=overwrite, manifest=manifest,
-                         extra_json=extra)
+    out = save_adapted(
+        result.model,
+        result.tokenizer,
+        result.plan,
+        out_dir,
+        overwrite=overwrite,
+        manifest=manifest,
+        extra_json={"vocgraft-expansion.json": result.expansion.to_dict()},
+    )
     return out, result

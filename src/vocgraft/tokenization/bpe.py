@@ -31,9 +31,7 @@ def parse_merges(raw: Iterable) -> list[tuple[str, str]]:
 class BPEModel:
     """Vocabulary strings and merge ranks, with cheap checkpoints so a tentative plan can be undone."""
 
-    def __init__(
-        self, vocab: Iterable[str], merges: Iterable[tuple[str, str]], *, ignore_merges: bool = False
-    ):
+    def __init__(self, vocab: Iterable[str], merges: Iterable[tuple[str, str]], *, ignore_merges: bool = False):
         self.vocab: set[str] = set(vocab)
         self.ranks: dict[tuple[str, str], int] = {}
         rank = -1

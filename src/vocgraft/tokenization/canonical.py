@@ -13,12 +13,19 @@ space:
 So byte-level ``Ġλ``, SentencePiece ``▁λ`` and WordPiece ``λ`` are all ``b" \\xce\\xbb"``. Special and added
 tokens have no canonical form (``None``): they never equal normal text. Comparisons are on bytes, never on
 decoded strings, because every partial UTF-8 token decodes to U+FFFD.
+
+Fuzzy forms (FOCUS, Appendix B, "Overlaps between different tokenizers"): tokens match exactly, case and
+word-start marker included; only tokens made of numbers, punctuation or whitespace also match when they differ
+in case or in the word-start marker. :func:`fuzzy_parts` splits a canonical form into its word-start flag and
+its text, :func:`is_symbolic` says whether that text may be matched fuzzily, :func:`fuzzy_key` is the key two
+such tokens must share. Partial UTF-8 has no fuzzy form: bytes that are not text are only ever compared as bytes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -56,6 +63,17 @@ def unicode_to_byte() -> dict[str, int]:
     return {c: b for b, c in byte_to_unicode().items()}
 
 
+@lru_cache(maxsize=1)
+def _bytelevel_to_latin1() -> dict[int, int | str]:
+    """``str.translate`` table: each byte-level character to the Latin-1 character of its byte. Latin-1 code
+    points that are *not* table characters (a raw space, a soft hyphen) go to U+FFFF, which Latin-1 cannot
+    encode, so that such tokens take the slow path and keep their own UTF-8 bytes."""
+    table: dict[int, int | str] = {ord(c): b for b, c in byte_to_unicode().items()}
+    for code in range(256):
+        table.setdefault(code, "\uffff")
+    return table
+
+
 # ------------------------------------------------------------------------------------------------------------
 # raw string -> canonical bytes
 
@@ -78,9 +96,13 @@ def canonical_form(raw: str, rules: Rules | str) -> bytes:
         # a token without the continuation prefix starts a word: give it the leading space it stands for
         return raw[len(prefix) :].encode() if raw.startswith(prefix) else (" " + raw).encode()
     if rules.family == "byte-level-bpe":
-        table = unicode_to_byte()
-        # a character outside the table cannot come from byte-level training; keep its own UTF-8 bytes
-        return b"".join(bytes([table[c]]) if c in table else c.encode() for c in raw)
+        # each table character becomes the Latin-1 character of its byte, so one encode gives the bytes
+        latin = raw.translate(_bytelevel_to_latin1())
+        try:
+            return latin.encode("latin-1")
+        except UnicodeEncodeError:  # a character outside the table (not from byte-level training): its UTF-8
+            table = unicode_to_byte()
+            return b"".join(bytes([table[c]]) if c in table else c.encode() for c in raw)
     if rules.family in ("sentencepiece-bpe", "unigram"):
         match = _BYTE_PIECE.fullmatch(raw)
         if match:
@@ -94,6 +116,44 @@ def default_rules(family: str) -> Rules:
     if family not in FAMILIES:
         raise ValueError(f"unknown tokenizer family {family!r}; expected one of {FAMILIES}.")
     return Rules(family, subword_prefix="##" if family == "wordpiece" else None)
+
+
+def fuzzy_parts(canonical: bytes) -> tuple[bool, str] | None:
+    """``(word_start, text)`` of a canonical form: whether it starts a word (its leading space, i.e. the
+    ``Ġ``/``▁`` marker or the absence of ``##``) and the text after that one space.
+
+    None where the token has no fuzzy form: bytes that are not valid UTF-8 (partial characters, which must
+    only ever match their own bytes) and the bare word-start marker (nothing is left to compare).
+    """
+    try:
+        text = canonical.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    word_start = text.startswith(" ")
+    body = text[1:] if word_start else text
+    return (word_start, body) if body else None
+
+
+def is_symbolic(text: str) -> bool:
+    """True for text made only of numbers, punctuation or whitespace: the tokens FOCUS matches fuzzily.
+
+    Unicode classes, so that the rule reads the same beyond ASCII: numbers are category N (``7``, ``½``,
+    ``Ⅻ``), punctuation is P and S (ASCII's ``string.punctuation`` is exactly its P and S characters), and
+    whitespace is what ``str.isspace`` says. Mixed runs such as ``3.5``, ``1%`` or ``[6]`` qualify (the paper
+    lists them among its "symbols & numbers"); any letter or mark disqualifies a token.
+    """
+    return bool(text) and all(map(_symbolic_char, text))
+
+
+@lru_cache(maxsize=1 << 16)
+def _symbolic_char(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch)[0] in "NPS"
+
+
+def fuzzy_key(canonical: bytes) -> str | None:
+    """What two tokens share when they match fuzzily: the text without its word-start space, lower-cased."""
+    parts = fuzzy_parts(canonical)
+    return None if parts is None else parts[1].lower()
 
 
 def surface_text(canonical: bytes) -> str:
@@ -117,13 +177,18 @@ def _backend(tokenizer: Any):
 
 def tokenizer_family(tokenizer: Any) -> str:
     """One of ``FAMILIES``; ValueError for anything else."""
-    from vocgraft.models import tokenizer_kind
+    return _view(tokenizer).family
 
-    _backend(tokenizer)
-    kind = tokenizer_kind(tokenizer)
-    if kind not in FAMILIES:
-        raise ValueError(f"unsupported tokenizer type: {kind}; vocgraft handles {', '.join(FAMILIES)}.")
-    return kind
+
+def _family_of_spec(spec: dict) -> str:
+    """The family named by a tokenizer.json, as ``vocgraft.models.tokenizer_kind`` names it (a test keeps the
+    two in step); here so that a view parses its tokenizer's JSON once, not once per question."""
+    model_type = spec["model"].get("type")
+    if model_type == "BPE":
+        if _find(spec.get("pre_tokenizer"), "ByteLevel") or _find(spec.get("decoder"), "ByteLevel"):
+            return "byte-level-bpe"
+        return "sentencepiece-bpe"
+    return {"Unigram": "unigram", "WordPiece": "wordpiece"}.get(model_type, f"other ({model_type})")
 
 
 def _find(node: Any, type_name: str) -> dict | None:
@@ -160,8 +225,10 @@ class _View:
 
     def __init__(self, tokenizer: Any) -> None:
         backend = _backend(tokenizer)
-        self.family = tokenizer_family(tokenizer)
         spec = json.loads(backend.to_str())
+        self.family = _family_of_spec(spec)
+        if self.family not in FAMILIES:
+            raise ValueError(f"unsupported tokenizer type: {self.family}; vocgraft handles {', '.join(FAMILIES)}.")
         model = spec["model"]
         prefix = model.get("continuing_subword_prefix") or ("##" if self.family == "wordpiece" else None)
         if self.family == "byte-level-bpe":  # word starts are the space byte itself, never a prefix

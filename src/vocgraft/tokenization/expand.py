@@ -102,11 +102,7 @@ def _spec(tokenizer: Any, role: str) -> dict:
 def bpe_family(spec: dict) -> str | None:
     """``byte-level`` or ``sentencepiece`` for a tokenizer.json whose model expansion can edit, else None."""
     model = spec.get("model", {})
-    if (
-        model.get("type") != "BPE"
-        or model.get("continuing_subword_prefix")
-        or model.get("end_of_word_suffix")
-    ):
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return None
     if _is_bytelevel(spec):
         return BYTE_LEVEL
@@ -122,9 +118,7 @@ def _describe(spec: dict) -> str:
     if family == SENTENCEPIECE:
         return "SentencePiece-style BPE"
     model = spec.get("model", {})
-    if model.get("type") == "BPE" and (
-        model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")
-    ):
+    if model.get("type") == "BPE" and (model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")):
         return "BPE with a subword prefix/suffix"
     return {"Unigram": "Unigram", "WordPiece": "WordPiece", "WordLevel": "WordLevel"}.get(
         model.get("type"), f"{model.get('type')} (no ▁ pieces, no byte-level alphabet)"
@@ -146,9 +140,7 @@ def _check_pair(source_spec: dict, aux_spec: dict) -> str:
             f"the auxiliary tokenizer is {_describe(aux_spec)} but the source is {_describe(source_spec)}; "
             f"their tokens are not comparable. Train the auxiliary tokenizer with kind {kind}."
         )
-    if source == BYTE_LEVEL and any(
-        source_spec.get(p) != aux_spec.get(p) for p in ("normalizer", "pre_tokenizer")
-    ):
+    if source == BYTE_LEVEL and any(source_spec.get(p) != aux_spec.get(p) for p in ("normalizer", "pre_tokenizer")):
         warnings.warn(
             "the auxiliary tokenizer normalizes or pre-tokenizes differently from the source, so some of its "
             "tokens may never be produced by the expanded tokenizer; train it with like=source_tokenizer.",
@@ -182,9 +174,7 @@ def _rank(
     show_progress: bool,
 ) -> list[tuple[str, int]]:
     counts: Counter[int] = Counter()
-    for batch in progress(
-        _batches(lines, _BATCH), desc="counting aux tokens", unit="batch", disable=not show_progress
-    ):
+    for batch in progress(_batches(lines, _BATCH), desc="counting aux tokens", unit="batch", disable=not show_progress):
         for ids in aux_tokenizer(batch, add_special_tokens=False)["input_ids"]:
             counts.update(ids)
     id_to_token = {i: t for t, i in aux_spec["model"]["vocab"].items()}
@@ -249,9 +239,7 @@ def _protected(source_tokenizer: Any, lines: Iterable[str] | None, ignore_merges
             found.chars.update(line)
             if ignore_merges:
                 text = backend.normalizer.normalize_str(line) if backend.normalizer else line
-                pieces = (
-                    backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
-                )
+                pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
                 found.words.update(piece for piece, _ in pieces)
     return found
 
@@ -380,18 +368,14 @@ def expand_tokenizer(
     larger (a vocabulary with unused ids below its largest one); ``Expansion.first_new_id`` says which.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ValueError(
-            f"k must be a non-negative integer (the number of vocabulary rows to add), got {k!r}."
-        )
+        raise ValueError(f"k must be a non-negative integer (the number of vocabulary rows to add), got {k!r}.")
     source_spec = _spec(source_tokenizer, "source")
     aux_spec = _spec(aux_tokenizer, "auxiliary")
     family = _check_pair(source_spec, aux_spec)
     ranked = _rank(source_tokenizer, aux_tokenizer, aux_spec, family, lines, show_progress)
 
     model = source_spec["model"]
-    engine = BPEModel(
-        model["vocab"], parse_merges(model["merges"]), ignore_merges=bool(model.get("ignore_merges"))
-    )
+    engine = BPEModel(model["vocab"], parse_merges(model["merges"]), ignore_merges=bool(model.get("ignore_merges")))
     added_contents = {t["content"] for t in source_spec.get("added_tokens", [])}
     protected = _protected(source_tokenizer, protect, engine.ignore_merges)
     planner = _Planner(
@@ -478,9 +462,7 @@ def _build(
     # every old token keeps its id and every new one has the id we gave it (cheap, and catches renumbering)
     expected = source_tokenizer.get_vocab() | {t: first_new_id + i for i, t in enumerate(new_tokens)}
     if tokenizer.get_vocab() != expected:
-        raise RuntimeError(
-            "the expanded tokenizer's ids differ from the plan; please report this with the source."
-        )
+        raise RuntimeError("the expanded tokenizer's ids differ from the plan; please report this with the source.")
     return tokenizer
 
 

@@ -80,12 +80,8 @@ def train_tokenizer(
     if kind == "bytelevel-bpe":
         tokenizer = _train_bytelevel(stream, vocab_size, like=like, show_progress=show_progress)
     else:
-        tokenizer = _train_sentencepiece(
-            stream, kind, vocab_size, like=like, seed=seed, show_progress=show_progress
-        )
-    setattr(
-        tokenizer, _INFO_ATTR, {"kind": kind, "vocab_size": vocab_size, "seed": seed, "lines": stream.count}
-    )
+        tokenizer = _train_sentencepiece(stream, kind, vocab_size, like=like, seed=seed, show_progress=show_progress)
+    setattr(tokenizer, _INFO_ATTR, {"kind": kind, "vocab_size": vocab_size, "seed": seed, "lines": stream.count})
     return tokenizer
 
 
@@ -169,9 +165,7 @@ def _train_bytelevel(
             )
         names = _special_names(like)
         # every special added token of the source (chat markers too) in id order, then the named ones
-        specials = [
-            t["content"] for t in sorted(spec.get("added_tokens", []), key=lambda t: t["id"]) if t["special"]
-        ]
+        specials = [t["content"] for t in sorted(spec.get("added_tokens", []), key=lambda t: t["id"]) if t["special"]]
         specials += [v for v in names.values() if v not in specials]
     else:
         spec = None
@@ -204,9 +198,7 @@ def _train_bytelevel(
     tokenizer.train_from_iterator(lines, trainer=trainer)
     if spec is not None and spec.get("post_processor") is not None:
         ids = {s: tokenizer.token_to_id(s) for s in specials}
-        tokenizer.post_processor = _component(
-            "post_processor", _remap_special_ids(spec["post_processor"], ids)
-        )
+        tokenizer.post_processor = _component("post_processor", _remap_special_ids(spec["post_processor"], ids))
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names)
 
 
@@ -308,15 +300,12 @@ def sentencepiece_to_fast(proto: bytes, names: dict[str, str] | None = None) -> 
         merges = _merges_from_pieces(
             pieces, scores, excluded=set(special) | {i for i in range(len(pieces)) if sp.is_byte(i)}
         )
-        model = models.BPE(
-            vocab=vocab, merges=merges, unk_token=pieces[unk_id], fuse_unk=True, byte_fallback=True
-        )
+        model = models.BPE(vocab=vocab, merges=merges, unk_token=pieces[unk_id], fuse_unk=True, byte_fallback=True)
     else:
         # byte and control pieces get a prohibitive score: Viterbi must not pick them for literal "<0x41>"
         floor = min(s for i, s in enumerate(scores) if i not in special and not sp.is_byte(i)) - 1000.0
         vocab_scores = [
-            (p, floor if (i in special or sp.is_byte(i)) else s)
-            for i, (p, s) in enumerate(zip(pieces, scores))
+            (p, floor if (i in special or sp.is_byte(i)) else s) for i, (p, s) in enumerate(zip(pieces, scores))
         ]
         model = models.Unigram(vocab_scores, unk_id=unk_id, byte_fallback=True)
     tokenizer = Tokenizer(model)
@@ -335,9 +324,7 @@ def sentencepiece_to_fast(proto: bytes, names: dict[str, str] | None = None) -> 
     kwargs = {"unk_token": pieces[unk_id], "bos_token": bos, "eos_token": eos, "pad_token": pad}
     if names:
         kwargs.update({k: v for k, v in names.items() if k in kwargs and v in pieces})
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, **{k: v for k, v in kwargs.items() if v is not None}
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def _merges_from_pieces(pieces: list[str], scores: list[float], excluded: set[int]) -> list[tuple[str, str]]:

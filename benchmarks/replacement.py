@@ -1,0 +1,146 @@
+"""Replacement benchmark: SmolLM2's tokenizer swapped for a target-language one, right after initialization.
+
+For each language: train a byte-level BPE target tokenizer (like SmolLM2's pre-tokenization) on the training lines,
+plan the replacement (overlap copied), and for each init method report overlap size, tokens/line and speedup vs the
+source, bits/byte on the first N held-out lines next to the uniform reference of the target tokenizer, init wall time
+(fastText / PLM training split out) and peak extra RAM. SALT needs a target-language PLM: a small GPT-2-style model is
+trained here on the same lines with the target tokenizer (time reported separately).
+
+    .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak_memory import PeakRSS  # noqa: E402
+
+from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
+from vocgraft.corpus import read_lines  # noqa: E402
+from vocgraft.eval import bits_per_byte, encode_lines, fertility, speedup  # noqa: E402
+from vocgraft.models import load_model  # noqa: E402
+from vocgraft.plan import VocabPlan  # noqa: E402
+from vocgraft.recipes.common import init_and_graft, method_stats  # noqa: E402
+from vocgraft.recipes.replace import with_source_specials  # noqa: E402
+from vocgraft.report import markdown_table  # noqa: E402
+from vocgraft.tokenization import train_tokenizer  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ["random", "multivariate", "mean", "focus", "salt"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--langs", nargs="*", default=["el", "hi"])
+    parser.add_argument("--methods", nargs="*", default=METHODS)
+    parser.add_argument("--vocab-size", type=int, default=50000)
+    parser.add_argument("--train-lines", type=int, default=32768)
+    parser.add_argument("--eval-lines", type=int, default=500)
+    parser.add_argument("--plm-minutes", type=float, default=5.0)
+    parser.add_argument("--out", default=str(RESULTS / "replacement"))
+    args = parser.parse_args()
+
+    report = {
+        "model": args.model,
+        "date": time.strftime("%Y-%m-%d"),
+        "args": vars(args),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "languages": {},
+    }
+    _, source_tokenizer = load_model(args.model)
+    for lang in args.langs:
+        train = read_lines(SHARED_CORPORA / lang / "train.txt", limit=args.train_lines)
+        heldout = read_lines(SHARED_CORPORA / lang / "heldout.txt", limit=args.eval_lines)
+        entry = report["languages"][lang] = {"train_lines": len(train), "eval_lines": len(heldout), "runs": []}
+        model, _ = load_model(args.model)
+        entry["source"] = bits_per_byte(model, source_tokenizer, heldout, show_progress=False)
+        del model
+        start = time.perf_counter()
+        target = train_tokenizer(train, "bytelevel-bpe", args.vocab_size, like=source_tokenizer)
+        target = with_source_specials(source_tokenizer, target)
+        entry["tokenizer_seconds"] = time.perf_counter() - start
+        plan = VocabPlan.from_tokenizers(source_tokenizer, target, "replace")
+        entry["plan"] = plan.summary()
+        before = fertility(encode_lines(source_tokenizer, heldout), heldout)
+        after = fertility(encode_lines(target, heldout), heldout)
+        entry["tokens_per_line_before"], entry["tokens_per_line_after"] = (
+            before["tokens_per_line_mean"],
+            after["tokens_per_line_mean"],
+        )
+        entry["speedup"] = speedup(before["tokens_per_line_mean"], after["tokens_per_line_mean"])
+        print(
+            f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte; target {len(target)} tokens, "
+            f"{len(plan.copied)} copied, speedup {entry['speedup']:.2f}",
+            flush=True,
+        )
+        resources = {}
+        if "salt" in args.methods:
+            from vocgraft.train.plm import train_small_plm
+
+            start = time.perf_counter()
+            plm = train_small_plm(target, train, max_seconds=args.plm_minutes * 60, show_progress=False)
+            entry["plm_seconds"] = time.perf_counter() - start
+            resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
+        for method in args.methods:
+            model, _ = load_model(args.model)
+            with PeakRSS() as memory:
+                seconds, used = init_and_graft(
+                    model, plan, source_tokenizer, target, method, corpus=train, resources=resources
+                )
+            if "token_vectors" in used:  # fastText vectors serve FOCUS and SALT alike: train them once
+                resources["token_vectors"] = used["token_vectors"]
+            bpb = bits_per_byte(model, target, heldout, show_progress=False)
+            run = {
+                "method": method,
+                "init_seconds": seconds,
+                "init_peak_extra_mib": memory.extra_mib,
+                "stats": method_stats(used),
+                "bpb": bpb,
+            }
+            entry["runs"].append(run)
+            print(
+                f"{lang} {method}: {bpb['bits_per_byte']:.3f} bits/byte (uniform "
+                f"{bpb['uniform_bits_per_byte']:.3f}), init {seconds:.1f} s",
+                flush=True,
+            )
+            write_json(f"{args.out}.json", report)
+    write_markdown(report, f"{args.out}.md")
+
+
+def write_markdown(report: dict, path: str) -> None:
+    parts = [
+        f"# Vocabulary replacement right after initialization: {report['model']}\n",
+        f"{report['machine']}, {report['date']}. Bits/byte on the first {report['args']['eval_lines']} held-out "
+        "lines; the uniform reference is what a model knowing only the target tokenizer scores.\n",
+    ]
+    for lang, e in report["languages"].items():
+        parts.append(
+            f"\n## {lang}\n\nsource: {e['source']['bits_per_byte']:.3f} bits/byte at "
+            f"{e['tokens_per_line_before']:.1f} tokens/line; target tokenizer {e['plan']['target_size']} "
+            f"tokens ({e['plan']['copied']} copied), {e['tokens_per_line_after']:.1f} tokens/line, speedup "
+            f"{e['speedup']:.2f}; PLM training for SALT {e.get('plm_seconds', 0):.0f} s\n"
+        )
+        rows = [
+            [
+                r["method"],
+                r["bpb"]["bits_per_byte"],
+                r["bpb"]["uniform_bits_per_byte"],
+                r["bpb"]["bits_per_byte"] < r["bpb"]["uniform_bits_per_byte"],
+                r["init_seconds"],
+                r["init_peak_extra_mib"],
+            ]
+            for r in e["runs"]
+        ]
+        parts.append(markdown_table(["init", "bits/byte", "uniform", "beats uniform", "init s", "init MiB"], rows))
+    Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

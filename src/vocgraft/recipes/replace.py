@@ -1,0 +1,141 @@
+"""Replace a model's tokenizer: target tokenizer (given or trained) -> plan (overlap copied) -> init -> surgery -> save.
+
+replace_model("smollm2", corpus_lines, init="focus", out_dir="out/el-focus", target_vocab_size=50000)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vocgraft.init import get_method
+from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
+from vocgraft.outdir import check_writable
+from vocgraft.plan import VocabPlan, raw_tokens
+from vocgraft.recipes.common import init_and_graft, method_stats, save_adapted
+from vocgraft.tokenization import train_tokenizer
+
+# the target tokenizer kind trained by default: the source's own family, so pre-tokenization stays familiar
+KIND_LIKE_SOURCE = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe", "unigram": "sp-unigram"}
+
+
+class ReplaceError(ValueError):
+    """A replacement that cannot be done as asked; the message says what to change."""
+
+
+@dataclass
+class Replaced:
+    model: Any
+    tokenizer: Any
+    plan: VocabPlan
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def with_source_specials(source_tokenizer, target_tokenizer):
+    """The target tokenizer plus the source's special/control tokens it lacks (chat markers, EOS...), so that
+    they are copied by name rather than lost; roles (bos/eos/pad/unk) the target lacks are taken over too."""
+    from vocgraft.plan import missing_special_tokens
+
+    missing = missing_special_tokens(source_tokenizer, target_tokenizer)
+    if missing:
+        target_tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    for role in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        if getattr(target_tokenizer, role, None) is None and getattr(source_tokenizer, role, None) is not None:
+            setattr(target_tokenizer, role, getattr(source_tokenizer, role))
+    if getattr(target_tokenizer, "chat_template", None) is None and getattr(source_tokenizer, "chat_template", None):
+        target_tokenizer.chat_template = source_tokenizer.chat_template
+    return target_tokenizer
+
+
+def replace_loaded(
+    model,
+    source_tokenizer,
+    lines: Sequence[str],
+    init: str,
+    *,
+    target_tokenizer=None,
+    target_kind: str | None = None,
+    target_vocab_size: int = 50000,
+    resources: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Replaced:
+    """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`."""
+    get_method(init)  # fail on a typo before any work
+    timings = {}
+    start = time.perf_counter()
+    if target_tokenizer is None:
+        kind = target_kind or KIND_LIKE_SOURCE.get(tokenizer_kind(source_tokenizer))
+        if kind is None:
+            raise ReplaceError(
+                f"no default target tokenizer kind for a {tokenizer_kind(source_tokenizer)} source; "
+                "pass --kind or --tokenizer."
+            )
+        like = source_tokenizer if kind == "bytelevel-bpe" else None
+        target_tokenizer = train_tokenizer(lines, kind, target_vocab_size, like=like, seed=seed)
+    timings["target_tokenizer_seconds"] = time.perf_counter() - start
+    target_tokenizer = with_source_specials(source_tokenizer, target_tokenizer)
+
+    start = time.perf_counter()
+    plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "replace")
+    timings["plan_seconds"] = time.perf_counter() - start
+    timings["init_seconds"], resources = init_and_graft(
+        model, plan, source_tokenizer, target_tokenizer, init, corpus=lines, seed=seed, resources=resources
+    )
+    return Replaced(model, target_tokenizer, plan, timings, method_stats(resources))
+
+
+def replace_model(
+    model_spec: str,
+    lines: Sequence[str],
+    init: str,
+    out_dir: str | Path,
+    *,
+    tokenizer_spec: str | None = None,
+    target_kind: str | None = None,
+    target_vocab_size: int = 50000,
+    target_plm: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    inputs: dict | None = None,
+) -> tuple[Path, Replaced]:
+    """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest."""
+    check_writable(out_dir, overwrite)  # before minutes of work
+    model, source_tokenizer = load_model(model_spec)
+    target = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
+    resources = {}
+    if target_plm:
+        plm, plm_tokenizer = load_model(target_plm)
+        resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
+        resources["target_plm_tokenizer_size"] = len(plm_tokenizer)
+        resources["target_plm_tokens"] = raw_tokens(plm_tokenizer)  # SALT checks the vocabularies id by id
+    result = replace_loaded(
+        model,
+        source_tokenizer,
+        lines,
+        init,
+        target_tokenizer=target,
+        target_kind=target_kind,
+        target_vocab_size=target_vocab_size,
+        resources=resources,
+        seed=seed,
+    )
+    manifest = {
+        "inputs": {"model": model_spec, "tokenizer": tokenizer_spec, "target_plm": target_plm, **(inputs or {})},
+        "method": {
+            "stage": "replace",
+            "init": init,
+            "target_kind": target_kind,
+            "target_vocab_size": len(result.tokenizer),
+        },
+        "seed": seed,
+        "source_model": model_spec,
+        "plan": result.plan.summary(),
+        "timings": result.timings,
+        "init_stats": result.stats,
+    }
+    out = save_adapted(result.model, result.tokenizer, result.plan, out_dir, overwrite=overwrite, manifest=manifest)
+    return out, result
