@@ -31,6 +31,7 @@ from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
 from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.surgery import graft, mean_resizing_baseline  # noqa: E402
 from vocgraft.tokenization import expand_tokenizer  # noqa: E402
+from vocgraft.tokenization.scripts import dominant_scripts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ["random", "multivariate", "mean", "merge", "align", "transformers-mean-resizing"]
@@ -73,6 +74,13 @@ def main() -> None:
         help="English *training* lines whose tokenization expansion must keep (0: none); English "
         "held-out lines are then measured, never used",
     )
+    parser.add_argument(
+        "--scripts",
+        choices=["auto", "any"],
+        default="auto",
+        help="restrict new tokens to the "
+        "corpus's dominant writing systems (auto, as `vocgraft expand` does) or not (any)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "expansion"))
     args = parser.parse_args()
 
@@ -96,6 +104,8 @@ def main() -> None:
         start = time.perf_counter()
         aux = train_aux_tokenizer(source_tokenizer, train, args.aux_vocab_size)
         entry["aux_tokenizer_seconds"] = time.perf_counter() - start
+        scripts = dominant_scripts(train) if args.scripts == "auto" else None
+        entry["scripts"] = sorted(scripts) if scripts else None
         print(
             f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte; aux tokenizer "
             f"{entry['aux_tokenizer_seconds']:.1f} s",
@@ -103,7 +113,7 @@ def main() -> None:
         )
         for k in args.ks:
             start = time.perf_counter()
-            expansion = expand_tokenizer(source_tokenizer, aux, train, k, protect=protect)
+            expansion = expand_tokenizer(source_tokenizer, aux, train, k, protect=protect, scripts=scripts)
             tokenizer = expansion.tokenizer
             plan = VocabPlan.from_tokenizers(source_tokenizer, tokenizer, "expand")
             expand_seconds = time.perf_counter() - start
@@ -143,7 +153,8 @@ def write_markdown(report: dict, path: str) -> None:
         src = entry["source"]
         parts.append(
             f"\n## {lang}\n\nsource: {src['bits_per_byte']:.3f} bits/byte (uniform "
-            f"{src['uniform_bits_per_byte']:.3f}), {entry['train_lines']} training lines\n"
+            f"{src['uniform_bits_per_byte']:.3f}), {entry['train_lines']} training lines, new tokens restricted "
+            f"to {', '.join(entry.get('scripts') or ['any script'])}\n"
         )
         rows = [
             [

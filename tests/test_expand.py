@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import unicodedata
 from collections import Counter
 
 import pytest
@@ -185,6 +186,16 @@ def test_only_text_with_joined_pieces_can_change(bytelevel_source_tokenizer, eng
     assert len(protected.tokenizer) == len(source) + 30
     assert "ĠLibreOffice" in protected.skipped or "LibreOffice" in protected.skipped
     assert source(english_heldout)["input_ids"] == protected.tokenizer(english_heldout)["input_ids"]
+
+    # restricting wanted tokens to the Greek script refuses the English word without any protected text
+    greek_only = expand_tokenizer(source, aux, train, 30, scripts={"GREEK"})
+    assert len(greek_only.tokenizer) == len(source) + 30
+    assert "ĠLibreOffice" in greek_only.skipped or "LibreOffice" in greek_only.skipped
+    assert all(
+        any("GREEK" in unicodedata.name(c, "") for c in source.convert_tokens_to_string([t]))
+        or not source.convert_tokens_to_string([t]).strip("\ufffd ")
+        for t in greek_only.wanted
+    )
 
 
 # ---------------------------------------------------------------------------------- (4) round trip, (5) fewer

@@ -125,6 +125,12 @@ def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
     }
 
 
+def parse_scripts(value: str):
+    if value in ("auto", "any"):
+        return None if value == "any" else "auto"
+    return [name.strip().upper() for name in value.split(",") if name.strip()]
+
+
 def cmd_expand(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.recipes.expand import expand_model
@@ -140,12 +146,17 @@ def cmd_expand(args) -> None:
         aux_tokenizer_spec=args.aux_tokenizer,
         aux_vocab_size=args.aux_vocab_size,
         protect=protect,
+        scripts=parse_scripts(args.scripts),
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
     )
     added = result.expansion.to_dict()
-    print(f"added {added['added']} tokens ({added['intermediate_count']} intermediates) with init={args.init} -> {out}")
+    scripts = ", ".join(result.scripts) if result.scripts else "any script"
+    print(
+        f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
+        f"with init={args.init} -> {out}"
+    )
     if args.heldout:
         from vocgraft.models import load_tokenizer
 
@@ -326,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-vocab-size", type=int, default=16000)
     p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
     p.add_argument("--protect", help="text whose tokenization must not change (e.g. source-language text)")
+    p.add_argument(
+        "--scripts",
+        default="auto",
+        help="writing systems new tokens must use: auto (the corpus's dominant ones, e.g. DEVANAGARI), any, "
+        "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
+    )
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
     p.add_argument("--eval-limit", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)

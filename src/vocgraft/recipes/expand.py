@@ -6,7 +6,7 @@ expand_model("smollm2", corpus_lines, k=100, init="align", out_dir="out/el-k100"
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import init_and_graft, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
+from vocgraft.tokenization.scripts import dominant_scripts
 
 # which auxiliary tokenizer kind can expand which source tokenizer family
 AUX_KIND_FOR = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe"}
@@ -34,6 +35,7 @@ class Expanded:
     expansion: Any  # tokenization.Expansion
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)  # what the init method reported (e.g. fallback shares)
+    scripts: list[str] | None = None  # the writing systems wanted tokens were restricted to
 
 
 def train_aux_tokenizer(source_tokenizer, lines: Sequence[str], vocab_size: int, seed: int = 0):
@@ -57,9 +59,14 @@ def expand_loaded(
     aux_tokenizer=None,
     aux_vocab_size: int = 16000,
     protect: Sequence[str] | None = None,
+    scripts: Collection[str] | str | None = "auto",
     seed: int = 0,
 ) -> Expanded:
-    """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks."""
+    """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks.
+
+    ``scripts``: the writing systems wanted tokens must use; "auto" = the dominant ones of ``lines``
+    (:func:`~vocgraft.tokenization.scripts.dominant_scripts`), None = any.
+    """
     if k <= 0:
         raise ExpandError(f"--new-tokens must be positive, got {k}.")
     get_method(init)  # fail on a typo before any work
@@ -70,7 +77,9 @@ def expand_loaded(
     timings["aux_tokenizer_seconds"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    expansion = expand_tokenizer(source_tokenizer, aux_tokenizer, lines, k, protect=protect)
+    if scripts == "auto":
+        scripts = dominant_scripts(lines)
+    expansion = expand_tokenizer(source_tokenizer, aux_tokenizer, lines, k, protect=protect, scripts=scripts)
     target_tokenizer = expansion.tokenizer
     plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "expand")
     timings["expansion_seconds"] = time.perf_counter() - start
@@ -78,7 +87,9 @@ def expand_loaded(
     timings["init_seconds"], resources = init_and_graft(
         model, plan, source_tokenizer, target_tokenizer, init, corpus=lines, seed=seed
     )
-    return Expanded(model, target_tokenizer, plan, expansion, timings, method_stats(resources))
+    return Expanded(
+        model, target_tokenizer, plan, expansion, timings, method_stats(resources), sorted(scripts or []) or None
+    )
 
 
 def expand_model(
@@ -91,6 +102,7 @@ def expand_model(
     aux_tokenizer_spec: str | None = None,
     aux_vocab_size: int = 16000,
     protect: Sequence[str] | None = None,
+    scripts: Collection[str] | str | None = "auto",
     seed: int = 0,
     overwrite: bool = False,
     inputs: dict | None = None,
@@ -108,11 +120,18 @@ def expand_model(
         aux_tokenizer=aux,
         aux_vocab_size=aux_vocab_size,
         protect=protect,
+        scripts=scripts,
         seed=seed,
     )
     manifest = {
         "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **(inputs or {})},
-        "method": {"stage": "expand", "init": init, "new_tokens": k, "aux_vocab_size": aux_vocab_size},
+        "method": {
+            "stage": "expand",
+            "init": init,
+            "new_tokens": k,
+            "aux_vocab_size": aux_vocab_size,
+            "scripts": result.scripts,
+        },
         "seed": seed,
         "source_model": model_spec,
         "plan": result.plan.summary(),

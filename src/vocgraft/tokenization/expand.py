@@ -23,7 +23,7 @@ import json
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from vocgraft.progress import progress
 from vocgraft.tokenization.bpe import BPEModel, parse_merges
+from vocgraft.tokenization.canonical import canonical_form
+from vocgraft.tokenization.scripts import in_scripts
 from vocgraft.tokenization.train import BYTE_PIECE, _is_bytelevel
 
 BYTE_LEVEL = "byte-level"
@@ -59,7 +61,8 @@ class Expansion:
     merges: list[tuple[str, str]]  # appended after the original merges, in rank order
     candidates_considered: int
     first_new_id: int = 0
-    skipped: list[str] = field(default_factory=list)  # candidates whose merge path did not fit or was refused
+    # candidates outside the wanted scripts, or whose merge path did not fit or was refused by ``protect``
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def new_ids(self) -> list[int]:
@@ -350,6 +353,7 @@ def expand_tokenizer(
     k: int,
     *,
     protect: Iterable[str] | None = None,
+    scripts: Collection[str] | None = None,
     show_progress: bool = False,
 ) -> Expansion:
     """Add exactly ``k`` vocabulary rows (fewer only if the candidates run out) to ``source_tokenizer``.
@@ -363,6 +367,10 @@ def expand_tokenizer(
     candidates whose merges would join two adjacent pieces of it are skipped. Without it, only text that never
     contains two pieces joined by a new merge is guaranteed unchanged (a Latin-script aux token such as
     ``ĠLibreOffice`` in a Greek corpus does change English text that contains that word).
+
+    ``scripts``: writing systems (see :mod:`vocgraft.tokenization.scripts`) a wanted token must have a letter of,
+    e.g. ``{"DEVANAGARI"}``; other candidates (English words, numbers, punctuation runs of the target corpus) are
+    skipped. None: no restriction.
 
     New ids are contiguous from ``len(source_tokenizer)``, or from one past the largest id in use if that is
     larger (a vocabulary with unused ids below its largest one); ``Expansion.first_new_id`` says which.
@@ -391,6 +399,8 @@ def expand_tokenizer(
     skipped: list[str] = []
     considered = 0
     added = 0
+    rules = "byte-level-bpe" if family == BYTE_LEVEL else "sentencepiece-bpe"
+    wanted_scripts = None if scripts is None else set(scripts)
     bar = progress(total=k, desc="expanding", unit="token", disable=not show_progress)
     for token, _count in ranked:
         if added >= k:
@@ -398,6 +408,9 @@ def expand_tokenizer(
         considered += 1
         if token in intermediates:  # already added for an earlier token; now it is wanted in its own right
             intermediates.discard(token)
+            continue
+        if wanted_scripts is not None and not in_scripts(canonical_form(token, rules), wanted_scripts):
+            skipped.append(token)
             continue
         created = planner.add(token, k - added)
         if created is None:
@@ -410,7 +423,9 @@ def expand_tokenizer(
     if added < k:
         warnings.warn(
             f"only {added} of k={k} new tokens could be added: the auxiliary tokenizer has no more tokens "
-            "absent from the source on these lines; train it with a larger vocab_size or give more lines.",
+            f"absent from the source on these lines ({len(skipped)} more were skipped for their script or for "
+            "`protect`); train it with a larger vocab_size or give more lines. The source's pre-tokenizer bounds "
+            "this too: a new token never crosses the pre-token boundaries it draws.",
             stacklevel=2,
         )
 
