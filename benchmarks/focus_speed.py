@@ -103,18 +103,10 @@ def misassigned(plan: VocabPlan, theirs: dict[int, int], target) -> tuple[dict[s
     return counts, ids
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lines", type=int, default=32768)
-    parser.add_argument("--vocab", type=int, default=32000, help="target tokenizer size")
-    parser.add_argument("--dim", type=int, default=300)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--min-count", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--out", default=str(RESULTS / "focus_speed.json"))
-    args = parser.parse_args()
-
+def compare_with_deepfocus(
+    model, source, target, lines: list[str], *, dim: int = 300, epochs: int = 3, min_count: int = 10, threads: int = 2
+) -> dict:
+    """Ours vs deepfocus on one source model, target tokenizer and corpus: times, misassignments, parity."""
     work = Path(tempfile.mkdtemp(prefix="focus-speed-"))
     # deepfocus caches tokenized text and fastText models under XDG_CACHE_HOME (read at import): a fresh one, so no
     # run reuses another's; datasets offline, its cache there too
@@ -124,18 +116,15 @@ def main() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import fasttext
 
-    model, source = load_model(args.model)
     matrix = model.get_input_embeddings().weight.detach().float()
-    lines = read_lines(CORPUS, limit=args.lines)
     text_path = work / "train.txt"
     text_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    target = train_tokenizer(lines, "bytelevel-bpe", args.vocab, like=source)
 
     # ours, end to end
     t0 = time.perf_counter()
     plan = VocabPlan.from_tokenizers(source, target, "replace", fuzzy=False)
     plan_s = time.perf_counter() - t0
-    fasttext_params = {"dim": args.dim, "epochs": args.epochs, "min_count": args.min_count, "threads": args.threads}
+    fasttext_params = {"dim": dim, "epochs": epochs, "min_count": min_count, "threads": threads}
     ctx = InitContext(plan, source, target, corpus=lines, resources={"fasttext": fasttext_params})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -150,10 +139,10 @@ def main() -> None:
         source,
         matrix,
         target_training_data_path=str(text_path),
-        fasttext_model_dim=args.dim,
-        fasttext_model_epochs=args.epochs,
-        fasttext_model_min_count=args.min_count,
-        processes=args.threads,
+        fasttext_model_dim=dim,
+        fasttext_model_epochs=epochs,
+        fasttext_model_min_count=min_count,
+        processes=threads,
     )
 
     # the FOCUS step on the same vectors: deepfocus's own fastText model, reloaded by both
@@ -198,7 +187,7 @@ def main() -> None:
     their_new = np.asarray(their_plan.new_ids, dtype=np.int64)
     common = np.flatnonzero(np.isin(their_new, kept))
     diff_theirs = (on_theirs[common] - their_rows[their_new[common]]).abs().amax(dim=1)
-    result = {
+    return {
         "lines": len(lines),
         "target_vocab": len(target),
         "new_tokens": stats["n_new"],
@@ -234,6 +223,26 @@ def main() -> None:
         },
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=32768)
+    parser.add_argument("--vocab", type=int, default=32000, help="target tokenizer size")
+    parser.add_argument("--dim", type=int, default=300)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--min-count", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--out", default=str(RESULTS / "focus_speed.json"))
+    args = parser.parse_args()
+
+    model, source = load_model(args.model)
+    lines = read_lines(CORPUS, limit=args.lines)
+    target = train_tokenizer(lines, "bytelevel-bpe", args.vocab, like=source)
+    result = compare_with_deepfocus(
+        model, source, target, lines, dim=args.dim, epochs=args.epochs, min_count=args.min_count, threads=args.threads
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -4,7 +4,9 @@ For each language: train a byte-level BPE target tokenizer (like SmolLM2's pre-t
 plan the replacement (overlap copied), and for each init method report overlap size, tokens/line and speedup vs the
 source, bits/byte on the first N held-out lines next to the uniform reference of the target tokenizer, init wall time
 (fastText / PLM training split out) and peak extra RAM. SALT needs a target-language PLM: a small GPT-2-style model is
-trained here on the same lines with the target tokenizer (time reported separately).
+trained here on the same lines with the target tokenizer (time reported separately). For the languages in
+--deepfocus-langs the same target tokenizer and lines also go through the official ``deepfocus`` (timed end to end
+against ours, parity on the same fastText vectors; see focus_speed.py).
 
     .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5]
 """
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=32768)
     parser.add_argument("--eval-lines", type=int, default=500)
     parser.add_argument("--plm-minutes", type=float, default=5.0)
+    parser.add_argument("--deepfocus-langs", nargs="*", default=["el"])
     parser.add_argument("--out", default=str(RESULTS / "replacement"))
     args = parser.parse_args()
 
@@ -85,8 +88,10 @@ def main() -> None:
             from vocgraft.train.plm import train_small_plm
 
             start = time.perf_counter()
-            plm = train_small_plm(target, train, max_seconds=args.plm_minutes * 60, show_progress=False)
+            plm = train_small_plm(target, train, steps=None, max_seconds=args.plm_minutes * 60, show_progress=False)
             entry["plm_seconds"] = time.perf_counter() - start
+            log = plm.vocgraft_training
+            entry["plm"] = {k: log[k] for k in ("steps", "tokens_seen", "epochs", "first_loss", "last_loss")}
             resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
         for method in args.methods:
             model, _ = load_model(args.model)
@@ -97,11 +102,16 @@ def main() -> None:
             if "token_vectors" in used:  # fastText vectors serve FOCUS and SALT alike: train them once
                 resources["token_vectors"] = used["token_vectors"]
             bpb = bits_per_byte(model, target, heldout, show_progress=False)
+            stats = method_stats(used)
+            fasttext_seconds = stats.get("focus_stats", {}).get("fasttext_seconds", 0.0)
+            if stats.get("salt_stats", {}).get("token_vectors_trained_here"):
+                fasttext_seconds = stats["salt_stats"]["token_vectors_seconds"]
             run = {
                 "method": method,
                 "init_seconds": seconds,
+                "fasttext_seconds": fasttext_seconds,  # part of init_seconds (0 where vectors were reused)
                 "init_peak_extra_mib": memory.extra_mib,
-                "stats": method_stats(used),
+                "stats": stats,
                 "bpb": bpb,
             }
             entry["runs"].append(run)
@@ -110,6 +120,14 @@ def main() -> None:
                 f"{bpb['uniform_bits_per_byte']:.3f}), init {seconds:.1f} s",
                 flush=True,
             )
+            write_json(f"{args.out}.json", report)
+        if lang in args.deepfocus_langs:
+            from focus_speed import compare_with_deepfocus
+
+            model, _ = load_model(args.model)
+            entry["deepfocus"] = compare_with_deepfocus(model, source_tokenizer, target, train)
+            end = entry["deepfocus"]["end_to_end"]
+            print(f"{lang} deepfocus: ours {end['ours_s']:.1f} s vs {end['deepfocus_s']:.1f} s", flush=True)
             write_json(f"{args.out}.json", report)
     write_markdown(report, f"{args.out}.md")
 
@@ -125,7 +143,9 @@ def write_markdown(report: dict, path: str) -> None:
             f"\n## {lang}\n\nsource: {e['source']['bits_per_byte']:.3f} bits/byte at "
             f"{e['tokens_per_line_before']:.1f} tokens/line; target tokenizer {e['plan']['target_size']} "
             f"tokens ({e['plan']['copied']} copied), {e['tokens_per_line_after']:.1f} tokens/line, speedup "
-            f"{e['speedup']:.2f}; PLM training for SALT {e.get('plm_seconds', 0):.0f} s\n"
+            f"{e['speedup']:.2f}; PLM training for SALT {e.get('plm_seconds', 0):.0f} s "
+            f"({e.get('plm', {}).get('steps', 0)} steps, loss {e.get('plm', {}).get('first_loss') or 0:.2f} -> "
+            f"{e.get('plm', {}).get('last_loss') or 0:.2f})\n"
         )
         rows = [
             [
@@ -133,13 +153,55 @@ def write_markdown(report: dict, path: str) -> None:
                 r["bpb"]["bits_per_byte"],
                 r["bpb"]["uniform_bits_per_byte"],
                 r["bpb"]["bits_per_byte"] < r["bpb"]["uniform_bits_per_byte"],
-                r["init_seconds"],
+                r["init_seconds"] - r["fasttext_seconds"],
+                r["fasttext_seconds"],
                 r["init_peak_extra_mib"],
+                _fallback_share(r["stats"]),
             ]
             for r in e["runs"]
         ]
-        parts.append(markdown_table(["init", "bits/byte", "uniform", "beats uniform", "init s", "init MiB"], rows))
+        parts.append(
+            markdown_table(
+                [
+                    "init",
+                    "bits/byte",
+                    "uniform",
+                    "beats uniform",
+                    "init s (no fastText)",
+                    "fastText s",
+                    "init MiB",
+                    "fell back to Random",
+                ],
+                rows,
+            )
+        )
+        if "deepfocus" in e:
+            d = e["deepfocus"]
+            end, parity, wrong = d["end_to_end"], d["parity_same_vectors"], d["deepfocus_misassigned_tokens"]
+            parts.append(
+                f"\nOfficial deepfocus on the same tokenizer and lines (exact overlap, same fastText settings): ours "
+                f"{end['ours_s']:.1f} s end to end vs {end['deepfocus_s']:.1f} s (ratio "
+                f"{end['ratio_ours_over_deepfocus']:.2f}); FOCUS step on the same vectors "
+                f"{d['focus_step_same_vectors']['ours_s']:.2f} s vs {d['focus_step_same_vectors']['deepfocus_s']:.2f}"
+                f" s. Parity on those vectors: {parity['rows_within_1e-4']} of {parity['rows_compared']} rows within "
+                f"1e-4 ({parity['rows_touching_disputed_keys']} rows draw on a token deepfocus mis-copies and cannot "
+                f"agree; with deepfocus's own overlap max abs diff "
+                f"{parity['with_deepfocus_overlap']['max_abs_diff'] or float('nan'):.1e}). deepfocus copies a wrong "
+                "source row "
+                f"for {wrong['total']} target tokens ({wrong['partial_utf8']} partial UTF-8, {wrong['whitespace']} "
+                "whitespace).\n"
+            )
     Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def _fallback_share(stats: dict) -> float | None:
+    """Share of new tokens a method could not place by its own rule and gave a Random row."""
+    if "focus_stats" in stats:
+        return stats["focus_stats"]["fallback_share"]
+    if "salt_stats" in stats:
+        salt = stats["salt_stats"]
+        return salt["random_fallback"] / salt["new"] if salt.get("new") else None
+    return None
 
 
 if __name__ == "__main__":
