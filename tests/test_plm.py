@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vocgraft.outdir import OutputExistsError
 from vocgraft.tokenization.train import save_tokenizer
-from vocgraft.train.plm import PLMTrainingError, pack_tokens, plm_train_main, save_plm, train_small_plm
+from vocgraft.train.data import TrainingError, pack_tokens
+from vocgraft.train.plm import plm_train_main, save_plm, train_small_plm
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 32, "batch_size": 8, "show_progress": False}
 
@@ -39,7 +40,7 @@ def test_pack_tokens_joins_documents_with_eos_and_cuts_full_chunks(tokenizer):
         stream += tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert chunks.shape == (len(stream) // 4, 4)
     assert chunks.flatten().tolist() == stream[: chunks.numel()]
-    with pytest.raises(PLMTrainingError, match="seq_len"):
+    with pytest.raises(TrainingError, match="seq_len"):
         pack_tokens(tokenizer, ["α"], seq_len=64)
 
 
@@ -66,7 +67,7 @@ def test_training_is_seeded(tokenizer, greek):
 def test_time_budget_stops_training(tokenizer, greek):
     model = train_small_plm(tokenizer, greek, steps=None, max_seconds=0.5, **TINY)
     assert 1 <= model.vocgraft_training["steps"] < 10_000
-    with pytest.raises(PLMTrainingError, match="budget"):
+    with pytest.raises(TrainingError, match="budget"):
         train_small_plm(tokenizer, greek, steps=None, max_seconds=None, **TINY)
 
 

@@ -109,13 +109,14 @@ def tokenizer_with_extra_merges(
     return _wrap(Tokenizer.from_str(json.dumps(spec)), **special)
 
 
-def tiny_llama(vocab_rows: int, tied: bool, hidden: int = 32, seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer random Llama; embedding rows N(0, 1) (untied head: N(0.5, 2)): rows easy to tell apart."""
+def tiny_llama(vocab_rows: int, tied: bool, hidden: int = 32, seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
+    """A random Llama (2 layers unless asked); embedding rows N(0, 1) (untied head: N(0.5, 2)): rows easy to tell
+    apart."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_rows,
         hidden_size=hidden,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
         intermediate_size=64,

@@ -224,6 +224,23 @@ def cmd_plm_train(args) -> None:
     print(f"small target-language PLM -> {out}")
 
 
+def cmd_train(args) -> None:
+    from vocgraft.train.lapt import TrainConfig, train
+
+    names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs"}
+    summary = train(TrainConfig(**{name: getattr(args, name) for name in names}))
+    if not summary["main_process"]:  # under accelerate launch: one report, from the main process
+        return
+    if summary["resumed_from_step"] is not None:
+        print(f"resumed from step {summary['resumed_from_step']}")
+    print(
+        f"{summary['strategy']}/{summary['objective']}: {summary['steps']} steps "
+        f"({summary['epochs']} epochs of {summary['train_sequences']} sequences of {summary['seq_len']} tokens), "
+        f"{summary['tokens_per_second']:.0f} tokens/s, validation loss {summary['val_loss_start']:.3f} -> "
+        f"{summary['val_loss_end']:.3f} -> {args.out}"
+    )
+
+
 def cmd_demo(args) -> None:
     """Expand SmolLM2 with k Greek tokens (Align) and compare source and expanded model on held-out Greek."""
 
@@ -287,6 +304,40 @@ def cmd_demo(args) -> None:
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    from vocgraft.train.objectives import OBJECTIVES
+    from vocgraft.train.strategies import STRATEGIES
+
+    p.add_argument(
+        "--model", required=True, help="model directory (e.g. the output of vocgraft expand), hub id or alias"
+    )
+    p.add_argument("--corpus", required=True, help="target-language text: file, folder, JSONL or hf:dataset spec")
+    p.add_argument("--out", required=True, help="where the trained model directory goes")
+    p.add_argument("--strategy", default="full", choices=STRATEGIES)
+    p.add_argument("--objective", default="clm", choices=OBJECTIVES, help="mtp adds a head predicting t+2")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per process and micro-batch")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=float, default=2.0)
+    budget.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (cosine schedule)")
+    p.add_argument("--warmup-steps", type=int, default=100, help="capped at 10%% of each phase's steps")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--stage1-share", type=float, default=0.5, help="two-stage: share of steps for embeddings only")
+    p.add_argument("--sample", type=int, help="|D|: train on a seeded sample of this many lines")
+    p.add_argument("--val-lines", type=int, default=256, help="lines held out for the validation loss")
+    p.add_argument("--eval-every", type=int, help="steps between validation losses (default: 10 over the run)")
+    p.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
+    p.add_argument("--checkpoint-dir", help="default: <out>.checkpoints")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep the last checkpoint after success")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (if any)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--field", default="text", help="JSONL/dataset field holding the text")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,6 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true")
     t.set_defaults(func=cmd_plm_train)
 
+    p = sub.add_parser("train", help="language-adaptive pre-training (LAPT) of a model on the target corpus")
+    add_train_args(p)
+    p.set_defaults(func=cmd_train)
+
     p = sub.add_parser("demo", help="the main job on the embedded defaults: expand SmolLM2 with Greek tokens")
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
@@ -399,8 +454,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
+    from vocgraft.train.data import TrainingError
 
-    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError)
+    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError)
 
 
 def main(argv: list[str] | None = None) -> int:

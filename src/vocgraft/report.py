@@ -51,3 +51,28 @@ def eval_markdown(result: dict, name: str = "model") -> str:
             ["eval throughput (tokens/s)", bpb["forward_tokens_per_second"]],
         ]
     return markdown_table(["metric", name], rows)
+
+
+def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") -> bytes:
+    """A PNG of the training loss per step and the validation loss at its evaluation steps."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if steps:
+        ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], lw=1, alpha=0.7, label="training loss")
+    if val:
+        ax.plot([v["step"] for v in val], [v["loss"] for v in val], "o-", label="validation loss (CLM)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()

@@ -252,11 +252,12 @@ def save_model_dir(
     overwrite: bool = False,
     manifest: dict | None = None,
     extra_json: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Save model (safetensors), tokenizer and ``vocgraft.json`` to ``out_dir`` atomically; return the path.
 
     ``extra_json``: more files written into the same directory before it is renamed into place, name -> object
-    (e.g. the VocabPlan), so the directory is complete or absent.
+    (e.g. the VocabPlan), so the directory is complete or absent; ``extra_files``: the same for raw bytes (a plot).
 
     Refuses to overwrite an existing ``out_dir`` unless ``overwrite``; a failure leaves no directory behind.
     """
@@ -280,6 +281,8 @@ def save_model_dir(
         tokenizer.save_pretrained(tmp)
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        for name, blob in (extra_files or {}).items():
+            (tmp / name).write_bytes(blob)
         write_manifest(tmp, "model", **{**facts, **(manifest or {})})
     return out
 

@@ -25,39 +25,14 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
 from vocgraft.progress import progress
+from vocgraft.train.data import TrainingError, pack_tokens
 
 TRAINING_ATTR = "vocgraft_training"  # the training log is attached to the returned model under this name
 
 
-class PLMTrainingError(ValueError):
-    """The PLM cannot be trained as asked; the message says which input to change."""
-
-
-def pack_tokens(tokenizer: Any, lines: Sequence[str], seq_len: int, *, batch: int = 4096) -> torch.Tensor:
-    """The corpus as ``[n_chunks, seq_len]`` token ids: documents joined by EOS, cut into full chunks.
-
-    Packing (no padding) means every position is a real training target; the tail that does not fill a chunk
-    is dropped.
-    """
-    sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
-    ids: list[int] = []
-    for start in range(0, len(lines), batch):  # batched: the fast tokenizer encodes a batch in parallel
-        for doc in tokenizer(list(lines[start : start + batch]), add_special_tokens=False)["input_ids"]:
-            ids += doc
-            if sep is not None:
-                ids.append(sep)
-    n_chunks = len(ids) // seq_len
-    if n_chunks == 0:
-        raise PLMTrainingError(
-            f"the corpus gives {len(ids)} tokens, fewer than one sequence of seq_len={seq_len}; "
-            "give more text or a smaller seq_len."
-        )
-    return torch.tensor(ids[: n_chunks * seq_len], dtype=torch.long).view(n_chunks, seq_len)
-
-
 def plm_config(tokenizer: Any, *, layers: int, hidden: int, heads: int, seq_len: int) -> GPT2Config:
     if hidden % heads:
-        raise PLMTrainingError(f"hidden={hidden} must be a multiple of heads={heads}.")
+        raise TrainingError(f"hidden={hidden} must be a multiple of heads={heads}.")
     return GPT2Config(
         vocab_size=len(tokenizer),  # added tokens included: every target id gets a row
         n_positions=seq_len,
@@ -114,9 +89,9 @@ def train_small_plm(
     ``model.vocgraft_training`` and ends up in the manifest written by :func:`save_plm`.
     """
     if steps is None and max_seconds is None:
-        raise PLMTrainingError("give steps or max_seconds (or both): training needs a budget.")
+        raise TrainingError("give steps or max_seconds (or both): training needs a budget.")
     if (steps is not None and steps < 0) or (max_seconds is not None and max_seconds <= 0):
-        raise PLMTrainingError(f"steps must be >= 0 and max_seconds > 0; got {steps}, {max_seconds}.")
+        raise TrainingError(f"steps must be >= 0 and max_seconds > 0; got {steps}, {max_seconds}.")
     start = time.perf_counter()
     chunks = pack_tokens(tokenizer, lines, seq_len)
     pack_seconds = time.perf_counter() - start
@@ -188,7 +163,7 @@ def save_plm(
     from vocgraft.tokenization.train import SENTENCEPIECE_FILE, sentencepiece_model_bytes
 
     if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
-        raise PLMTrainingError(
+        raise TrainingError(
             f"the model has {model.get_input_embeddings().weight.shape[0]} embedding rows but the tokenizer "
             f"{len(tokenizer)} tokens; save the tokenizer the model was trained with."
         )
@@ -246,7 +221,7 @@ def plm_train_main(
 
     check_writable(out, overwrite)  # before minutes of work
     if minutes is None and steps is None:
-        raise PLMTrainingError("give --minutes or --steps: training needs a budget.")
+        raise TrainingError("give --minutes or --steps: training needs a budget.")
     tokenizer = load_tokenizer(tokenizer_spec)
     lines = read_lines(corpus, limit=max_lines)
     model = train_small_plm(

@@ -1,0 +1,315 @@
+"""Language-adaptive pre-training (LAPT): continue training a (vocabulary-adapted) model on the target corpus.
+
+    summary = train(TrainConfig(model="out/el-k1000", corpus="el/train.txt", out="out/el-k1000-lapt",
+                                strategy="lora", objective="clm", seq_len=512, max_steps=1000))
+
+The loop is plain PyTorch on ``accelerate``: one process, several GPUs or FSDP/DeepSpeed come from
+``accelerate launch`` and its config, not from code here. Each process takes its slice of every global batch
+(``BatchOrder``), so the data position of a run is just its step number.
+
+Checkpoints (``<out>.checkpoints/step-N``) hold model, optimizer, scheduler and every process's RNG state; a run
+killed at any point continues with ``resume=True`` from the newest complete checkpoint and ends with the same
+weights an uninterrupted run would have. The final directory (LoRA merged, MTP head dropped) loads with plain
+``transformers`` and carries the training log (``train_log.json``) and a loss-curve plot (``loss_curve.png``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+
+import torch
+
+from vocgraft.outdir import check_writable
+from vocgraft.progress import progress
+from vocgraft.train.data import BatchOrder, TrainingError, pack_tokens, split_validation
+from vocgraft.train.objectives import OBJECTIVES, LMObjective
+from vocgraft.train.strategies import base_model, configure, phases, trainable_count
+
+STATE_FILE = "trainer_state.json"
+SCHEDULER_FILE = "scheduler.pt"
+# a resumed run must be the same run: these settings decide the batches, the schedule and the weights
+RESUME_KEYS = (
+    "model", "corpus", "strategy", "objective", "seq_len", "batch_size", "grad_accum", "epochs", "max_steps",
+    "lr", "warmup_steps", "weight_decay", "stage1_share", "sample", "val_lines", "seed", "max_grad_norm",
+)  # fmt: skip
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    corpus: str
+    out: str
+    strategy: str = "full"
+    objective: str = "clm"
+    seq_len: int = 512
+    batch_size: int = 8  # per process and micro-batch; paper 000 Table 3
+    grad_accum: int = 1
+    epochs: float = 2.0
+    max_steps: int | None = None  # overrides epochs
+    lr: float = 1e-4
+    warmup_steps: int = 100  # capped at 10% of a phase's steps, so a short run still reaches its peak rate
+    weight_decay: float = 0.01
+    stage1_share: float = 0.5  # two-stage: share of the steps that train embeddings + head only
+    sample: int | None = None  # |D|: a seeded sample of this many corpus lines
+    val_lines: int = 256  # held out from the corpus for the validation loss
+    eval_every: int | None = None  # default: 10 evaluations over the run
+    save_every: int = 200
+    seed: int = 0
+    max_grad_norm: float = 1.0
+    field: str = "text"
+    overwrite: bool = False
+    resume: bool = False
+    checkpoint_dir: str | None = None  # default: <out>.checkpoints
+    keep_checkpoints: bool = False
+    show_progress: bool = True
+    inputs: dict = dataclass_field(default_factory=dict)  # extra facts for the manifest
+
+    def checkpoint_root(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
+
+
+@dataclass
+class RunState:
+    """What a checkpoint records besides tensors: where the run is and what it has logged."""
+
+    step: int = 0
+    train_seconds: float = 0.0
+    log: list[dict] = dataclass_field(default_factory=list)  # one entry per optimizer step
+    val: list[dict] = dataclass_field(default_factory=list)  # {"step", "loss"}
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def _check_config(config: TrainConfig) -> None:
+    if config.objective not in OBJECTIVES:
+        raise TrainingError(f"unknown objective {config.objective!r}; choose one of {', '.join(OBJECTIVES)}.")
+    for name in ("seq_len", "batch_size", "grad_accum", "save_every", "val_lines"):
+        if getattr(config, name) <= 0:
+            raise TrainingError(f"--{name.replace('_', '-')} must be positive; got {getattr(config, name)}.")
+    if config.max_steps is None and config.epochs <= 0:
+        raise TrainingError(f"--epochs must be positive; got {config.epochs}.")
+    if config.max_steps is not None and config.max_steps <= 0:
+        raise TrainingError(f"--max-steps must be positive; got {config.max_steps}.")
+
+
+def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
+    saved = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    changed = [k for k in RESUME_KEYS if saved["config"].get(k) != getattr(config, k)]
+    if changed:
+        diffs = ", ".join(f"{k}: {saved['config'].get(k)!r} -> {getattr(config, k)!r}" for k in changed)
+        raise TrainingError(
+            f"--resume: the checkpoint {checkpoint} was made with other settings ({diffs}); resume with the same "
+            "settings, or start over with another --checkpoint-dir."
+        )
+    return RunState(**saved["state"])
+
+
+def _validation_loss(objective: LMObjective, chunks: torch.Tensor, batch_size: int, device) -> float:
+    """Mean next-token loss on the held-out sequences (CLM only, whatever the training objective)."""
+    was_training = objective.training
+    objective.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in chunks.split(batch_size):
+            batch = batch.to(device)
+            _, clm = objective(batch)
+            total += float(clm) * batch.shape[0]
+            count += batch.shape[0]
+    objective.train(was_training)
+    return total / count
+
+
+def _save_checkpoint(accelerator, root: Path, state: RunState, config: TrainConfig, scheduler) -> Path:
+    """All processes write their part to a hidden directory; the main one renames it when complete."""
+    final = root / f"step-{state.step:07d}"
+    partial = root / f".step-{state.step:07d}.partial"
+    accelerator.save_state(str(partial))  # model, optimizer, every process's RNG states
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        # the phase's own scheduler (not registered with accelerate: two-stage has one per phase)
+        torch.save(scheduler.state_dict(), partial / SCHEDULER_FILE)
+        payload = {"config": {k: getattr(config, k) for k in RESUME_KEYS}, "state": asdict(state)}
+        (partial / STATE_FILE).write_text(json.dumps(payload) + "\n", encoding="utf-8")
+        partial.rename(final)  # a killed save leaves only the .partial directory, which resume ignores
+        for old in root.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def train(config: TrainConfig) -> dict:
+    """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_cosine_schedule_with_warmup
+
+    from vocgraft.corpus import read_lines
+    from vocgraft.models import describe, load_model
+
+    _check_config(config)
+    check_writable(config.out, config.overwrite)  # fail before any work
+    wall_start = time.perf_counter()
+    # a multi-process launch (accelerate launch --multi_gpu, torchrun) on a machine without GPUs: processes talk
+    # over gloo on the CPU; accelerate only picks that when told the run is a CPU run
+    cpu_ranks = "LOCAL_RANK" in os.environ and not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=True) if cpu_ranks else Accelerator()
+    root = config.checkpoint_root()
+    checkpoint = latest_checkpoint(root) if config.resume else None
+    if not config.resume and root.exists() and any(root.glob("step-*")):
+        raise TrainingError(
+            f"{root} holds checkpoints of an earlier run; pass --resume to continue it, or delete the directory."
+        )
+    state = _load_state(checkpoint, config) if checkpoint else RunState()
+    set_seed(config.seed)
+
+    lines = read_lines(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
+    train_lines, val_lines = split_validation(lines, config.val_lines)
+    model, tokenizer = load_model(config.model)
+    info = describe(model, tokenizer).to_dict()
+    chunks = pack_tokens(tokenizer, train_lines, config.seq_len)
+    val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len)
+    micro, procs = config.batch_size, accelerator.num_processes
+    order = BatchOrder(len(chunks), micro * config.grad_accum * procs, config.seed)
+    total_steps = config.max_steps or max(1, math.ceil(config.epochs * order.steps_per_epoch))
+    plan = phases(config.strategy, total_steps, config.stage1_share)
+    eval_every = config.eval_every or max(1, total_steps // 10)
+    tokens_per_step = order.global_batch * config.seq_len
+
+    objective = LMObjective(model, config.objective)
+    bar = progress(
+        total=total_steps,
+        initial=state.step,
+        desc=f"lapt {config.strategy}/{config.objective}",
+        unit="step",
+        disable=not (config.show_progress and accelerator.is_local_main_process),
+    )
+    phase_start, pending_checkpoint = 0, checkpoint
+    for phase in plan:
+        phase_end = phase_start + phase.steps
+        objective.model = configure(objective.model, phase.setup)
+        if phase_end <= state.step:  # finished before the checkpoint: only its structure (LoRA) matters
+            phase_start = phase_end
+            continue
+        params = [p for p in objective.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        warmup = min(config.warmup_steps, phase.steps // 10)
+        # stepped by us once per global step (accelerate's wrapper would step it once per process)
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, max(phase.steps, 1))
+        wrapped, optimizer = accelerator.prepare(objective, optimizer)
+        if pending_checkpoint is not None:  # the first phase that runs is the one the checkpoint was taken in
+            accelerator.load_state(str(pending_checkpoint))
+            scheduler.load_state_dict(torch.load(pending_checkpoint / SCHEDULER_FILE, weights_only=True))
+            pending_checkpoint = None
+        if not state.val:
+            state.val.append({"step": 0, "loss": _validation_loss(objective, val_chunks, micro, accelerator.device)})
+        wrapped.train()
+        for step in range(max(state.step, phase_start), phase_end):
+            tick = time.perf_counter()
+            rows = order.indices(step).view(procs, -1)[accelerator.process_index]
+            pieces = chunks[rows].to(accelerator.device).split(micro)
+            step_loss = torch.zeros((), device=accelerator.device)
+            step_clm = torch.zeros((), device=accelerator.device)
+            for i, batch in enumerate(pieces):
+                last = i == len(pieces) - 1
+                with contextlib.nullcontext() if last else accelerator.no_sync(wrapped):
+                    loss, clm = wrapped(batch)
+                    accelerator.backward(loss / len(pieces))
+                step_loss += loss.detach() / len(pieces)
+                step_clm += clm / len(pieces)
+            accelerator.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses = accelerator.reduce(torch.stack([step_loss, step_clm]), reduction="mean")
+            state.train_seconds += time.perf_counter() - tick
+            state.step = step + 1
+            state.log.append(
+                {
+                    "step": state.step,
+                    "phase": phase.setup,
+                    "loss": round(float(losses[0]), 5),
+                    "clm_loss": round(float(losses[1]), 5),
+                    "lr": scheduler.get_last_lr()[0],
+                }
+            )
+            if state.step % eval_every == 0 or state.step == total_steps:
+                val = _validation_loss(objective, val_chunks, micro, accelerator.device)
+                state.val.append({"step": state.step, "loss": val})
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{state.log[-1]['loss']:.3f}",
+                tok_s=f"{state.step * tokens_per_step / max(state.train_seconds, 1e-9):.0f}",
+            )
+            if state.step % config.save_every == 0 and state.step < total_steps:
+                _save_checkpoint(accelerator, root, state, config, scheduler)
+        objective = accelerator.unwrap_model(wrapped)
+        accelerator.free_memory()
+        phase_start = phase_end
+    bar.close()
+    trainable, total_params = trainable_count(objective.model)  # of the last phase
+    summary = {
+        "strategy": config.strategy,
+        "objective": config.objective,
+        "steps": total_steps,
+        "phases": [asdict(p) for p in plan],
+        "seq_len": config.seq_len,
+        "global_batch": order.global_batch,
+        "processes": procs,
+        "main_process": accelerator.is_main_process,
+        "train_lines": len(train_lines),
+        "train_sequences": len(chunks),
+        "epochs": round(total_steps / order.steps_per_epoch, 3),
+        "tokens_per_step": tokens_per_step,
+        "train_seconds": state.train_seconds,
+        "tokens_per_second": total_steps * tokens_per_step / max(state.train_seconds, 1e-9),
+        "resumed_from_step": int(checkpoint.name.split("-")[1]) if checkpoint else None,
+        "trainable_parameters": trainable,
+        "total_parameters": total_params,
+        "val": state.val,
+        "val_loss_start": state.val[0]["loss"],
+        "val_loss_end": state.val[-1]["loss"],
+        "source": info,
+    }
+    if accelerator.is_main_process:
+        _save_trained(objective, tokenizer, config, state, summary)
+        if not config.keep_checkpoints:
+            shutil.rmtree(root, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    summary["wall_seconds"] = time.perf_counter() - wall_start
+    return summary
+
+
+def _save_trained(objective: LMObjective, tokenizer, config: TrainConfig, state: RunState, summary: dict) -> None:
+    """The plain causal LM (LoRA merged, MTP head dropped) with its log and loss curve, written atomically."""
+    from vocgraft.report import loss_curve_png
+    from vocgraft.surgery import save_model_dir
+
+    model = base_model(objective.model)
+    model.eval()
+    manifest = {
+        "inputs": {"model": config.model, "corpus": config.corpus, **config.inputs},
+        "training": {k: v for k, v in asdict(config).items() if k not in ("inputs", "out")},
+        "metrics": {k: v for k, v in summary.items() if k not in ("val", "source")},
+    }
+    log = {"summary": summary, "steps": state.log}
+    save_model_dir(
+        model,
+        tokenizer,
+        config.out,
+        overwrite=config.overwrite,
+        manifest=manifest,
+        extra_json={"train_log.json": log},
+        extra_files={"loss_curve.png": loss_curve_png(state.log, state.val, f"{config.strategy} / {config.objective}")},
+    )

@@ -1,0 +1,50 @@
+"""Training objectives: causal LM (``clm``) and multi-token prediction (``mtp``).
+
+``mtp`` adds one extra head that predicts the token two positions ahead from the same final hidden state,
+initialised from the LM head's weights; the loss is CLM + the extra head's loss (paper 003). The head lives only in
+this wrapper, so the saved model stays a plain causal LM.
+
+The model and the head are one module so that ``accelerate`` wraps (and, across processes, synchronizes) both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+OBJECTIVES = ("clm", "mtp")
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits[:, i]`` predicting ``targets[:, i]`` (both already aligned), in float32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class LMObjective(torch.nn.Module):
+    """``forward(input_ids) -> (loss, clm_loss)`` on packed sequences (no padding)."""
+
+    def __init__(self, model, objective: str = "clm"):
+        super().__init__()
+        self.model = model
+        self.objective = objective
+        self.mtp_head = None
+        if objective == "mtp":
+            head = model.get_output_embeddings()
+            self.mtp_head = torch.nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
+            with torch.no_grad():
+                self.mtp_head.weight.copy_(head.weight)
+        elif objective != "clm":
+            raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            output_hidden_states=self.mtp_head is not None,
+        )
+        clm = next_token_loss(out.logits[:, :-1], input_ids[:, 1:])
+        if self.mtp_head is None:
+            return clm, clm.detach()
+        hidden = out.hidden_states[-1]  # after the final norm: what the LM head reads
+        two_ahead = next_token_loss(self.mtp_head(hidden[:, :-2]), input_ids[:, 2:])
+        return clm + two_ahead, clm.detach()
