@@ -39,7 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def heldout_bpb(model_dir: str, lines: list[str]) -> dict:
     model, tokenizer = load_model(model_dir)
     result = bits_per_byte(model, tokenizer, lines, show_progress=False)
-    return {k: result[k] for k in ("bits_per_byte", "uniform_bits_per_byte", "tokens")}
+    return {k: result[k] for k in ("bits_per_byte", "uniform_bits_per_byte", "tokens_scored", "seconds")}
 
 
 def bare_loop_tokens_per_second(model_spec: str, corpus: str, args) -> float:

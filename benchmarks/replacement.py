@@ -4,7 +4,8 @@ For each language: train a byte-level BPE target tokenizer (like SmolLM2's pre-t
 plan the replacement (overlap copied), and for each init method report overlap size, tokens/line and speedup vs the
 source, bits/byte on the first N held-out lines next to the uniform reference of the target tokenizer, init wall time
 (fastText / PLM training split out) and peak extra RAM. SALT needs a target-language PLM: a small GPT-2-style model is
-trained here on the same lines with the target tokenizer (time reported separately). For the languages in
+trained here on the same lines with the target tokenizer (time reported separately); ``salt-plain`` is SALT with the
+paper's uncentered linear map, on the same PLM and vectors as ``salt``. For the languages in
 --deepfocus-langs the same target tokenizer and lines also go through the official ``deepfocus`` (timed end to end
 against ours, parity on the same fastText vectors; see focus_speed.py).
 
@@ -34,7 +35,9 @@ from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import train_tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ["random", "multivariate", "mean", "focus", "salt"]
+METHODS = ["random", "multivariate", "mean", "focus", "salt", "salt-plain"]
+# benchmark-only variants: (init method, extra resources)
+VARIANTS = {"salt-plain": ("salt", {"salt_center": False})}  # the paper's uncentered linear map
 
 
 def main() -> None:
@@ -46,6 +49,9 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=32768)
     parser.add_argument("--eval-lines", type=int, default=500)
     parser.add_argument("--plm-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--fasttext-min-count", type=int, default=10, help="FOCUS/SALT fastText minCount (paper 002: 10)"
+    )
     parser.add_argument("--deepfocus-langs", nargs="*", default=["el"])
     parser.add_argument("--out", default=str(RESULTS / "replacement"))
     args = parser.parse_args()
@@ -83,8 +89,8 @@ def main() -> None:
             f"{len(plan.copied)} copied, speedup {entry['speedup']:.2f}",
             flush=True,
         )
-        resources = {}
-        if "salt" in args.methods:
+        resources = {"fasttext": {"min_count": args.fasttext_min_count}}
+        if any(m.startswith("salt") for m in args.methods):
             from vocgraft.train.plm import train_small_plm
 
             start = time.perf_counter()
@@ -95,9 +101,10 @@ def main() -> None:
             resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
         for method in args.methods:
             model, _ = load_model(args.model)
+            init, extra = VARIANTS.get(method, (method, {}))
             with PeakRSS() as memory:
                 seconds, used = init_and_graft(
-                    model, plan, source_tokenizer, target, method, corpus=train, resources=resources
+                    model, plan, source_tokenizer, target, init, corpus=train, resources={**resources, **extra}
                 )
             if "token_vectors" in used:  # fastText vectors serve FOCUS and SALT alike: train them once
                 resources["token_vectors"] = used["token_vectors"]
@@ -136,7 +143,8 @@ def write_markdown(report: dict, path: str) -> None:
     parts = [
         f"# Vocabulary replacement right after initialization: {report['model']}\n",
         f"{report['machine']}, {report['date']}. Bits/byte on the first {report['args']['eval_lines']} held-out "
-        "lines; the uniform reference is what a model knowing only the target tokenizer scores.\n",
+        "lines; the uniform reference is what a model knowing only the target tokenizer scores. FOCUS and SALT: "
+        f"fastText minCount {report['args'].get('fasttext_min_count', 10)}.\n",
     ]
     for lang, e in report["languages"].items():
         parts.append(

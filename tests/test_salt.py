@@ -74,7 +74,9 @@ class Case:
         )
 
     def ctx(self, **kw) -> InitContext:
-        resources = {"target_embeddings": self.e_t, "token_vectors": self.aux, **kw.pop("resources", {})}
+        # the paper's plain linear map: these cases are built to be recovered by it exactly
+        resources = {"target_embeddings": self.e_t, "token_vectors": self.aux, "salt_center": False}
+        resources |= kw.pop("resources", {})
         return InitContext(plan=self.plan, source_tokenizer=None, target_tokenizer=None, resources=resources, **kw)
 
     def expected(self) -> torch.Tensor:
@@ -105,6 +107,20 @@ def test_the_neighbours_are_the_sparsemax_support_of_the_auxiliary_similarities(
     rows = salt(case.e_s, case.ctx())
     torch.testing.assert_close(rows[0], case.e_t[10] @ case.maps[1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(rows[0], case.e_t[10] @ case.maps[0], atol=1e-2)
+
+
+def test_centered_salt_moves_with_the_source_mean_and_ignores_the_target_mean():
+    """The default (centered) fit is affine: shifting every source row by v shifts every new row by v, and
+    shifting the target PLM's rows changes nothing. The plain linear map has neither property."""
+    case = Case()
+    shift = torch.randn(case.e_s.shape[1], generator=torch.Generator().manual_seed(5))
+    base = salt(case.e_s, case.ctx(resources={"salt_center": True}))
+    moved = salt(case.e_s + shift, case.ctx(resources={"salt_center": True}))
+    torch.testing.assert_close(moved, base + shift, atol=1e-4, rtol=1e-4)
+    target_shifted = case.ctx(resources={"salt_center": True, "target_embeddings": case.e_t + 3.0})
+    torch.testing.assert_close(salt(case.e_s, target_shifted), base, atol=1e-4, rtol=1e-4)
+    plain = salt(case.e_s + shift, case.ctx())
+    assert not torch.allclose(plain, salt(case.e_s, case.ctx()) + shift, atol=1e-3)
 
 
 def test_one_neighbour_gives_its_source_row_and_a_degenerate_fit_the_weighted_mean():
@@ -342,6 +358,7 @@ def test_end_to_end_with_a_trained_plm_and_fasttext():
     e_t = plm.get_input_embeddings().weight.detach()
     model = tiny_llama(len(source), tied=False, hidden=32)
     resources = {"target_embeddings": e_t, "target_plm_tokenizer_size": len(target), "fasttext": FAST}
+    resources["salt_center"] = False  # checked against the paper's formula below
     ctx = InitContext(plan, source, target, corpus=greek, seed=0, resources=resources)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # some tokens have no fastText vector: Random, with a warning

@@ -237,13 +237,20 @@ def run_cli(args: list[str], *, kill_at: int | None = None) -> subprocess.Comple
     )
 
 
-@pytest.mark.parametrize("kill_at", [2, 6])  # in two-stage's first phase (embeddings) and in its LoRA phase
-def test_a_killed_run_resumes_to_the_same_weights(kill_at, untied_model, corpus, tmp_path):
-    common = ["--strategy", "two-stage", "--objective", "mtp", "--max-steps", "8", "--save-every", "2"]
-    reference = tmp_path / "reference"
-    done = run_cli(train_args(untied_model, corpus, reference, *common))
-    assert done.returncode == 0, done.stderr
+RESUMABLE = ["--strategy", "two-stage", "--objective", "mtp", "--max-steps", "8", "--save-every", "2"]
 
+
+@pytest.fixture(scope="module")
+def uninterrupted(untied_model, corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted") / "out"
+    done = run_cli(train_args(untied_model, corpus, out, *RESUMABLE))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.mark.parametrize("kill_at", [2, 6])  # in two-stage's first phase (embeddings) and in its LoRA phase
+def test_a_killed_run_resumes_to_the_same_weights(kill_at, uninterrupted, untied_model, corpus, tmp_path):
+    common, reference = RESUMABLE, uninterrupted
     out = tmp_path / "resumed"
     killed = run_cli(train_args(untied_model, corpus, out, *common), kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL

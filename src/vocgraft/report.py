@@ -54,7 +54,8 @@ def eval_markdown(result: dict, name: str = "model") -> str:
 
 
 def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") -> bytes:
-    """A PNG of the training loss per step and the validation loss at its evaluation steps."""
+    """A PNG of the training loss per step (``steps``: dicts with step, loss, clm_loss) and the validation loss at
+    its evaluation steps (``val``: dicts with step, loss)."""
     import io
 
     import matplotlib
@@ -64,7 +65,10 @@ def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") 
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     if steps:
-        ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], lw=1, alpha=0.7, label="training loss")
+        x = [s["step"] for s in steps]
+        ax.plot(x, [s["clm_loss"] for s in steps], lw=1, alpha=0.8, label="training loss (CLM)")
+        if any(s["loss"] != s["clm_loss"] for s in steps):  # MTP: the optimized total, for reference
+            ax.plot(x, [s["loss"] for s in steps], lw=1, ls="--", alpha=0.6, label="training loss (CLM + MTP)")
     if val:
         ax.plot([v["step"] for v in val], [v["loss"] for v in val], "o-", label="validation loss (CLM)")
     ax.set_xlabel("optimizer step")
