@@ -12,8 +12,6 @@ AdamW, clipping) in the same run.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -21,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import new_report
 
 from vocgraft.cli import SHARED_CORPORA, write_json
 from vocgraft.corpus import read_lines
@@ -79,15 +78,7 @@ def main() -> None:
 
     corpus = str(SHARED_CORPORA / args.lang / "train.txt")
     heldout = read_lines(SHARED_CORPORA / args.lang / "heldout.txt", limit=args.eval_lines)
-    report = {
-        "model": args.model,
-        "date": time.strftime("%Y-%m-%d"),
-        "args": vars(args),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}",
-        "gpu": "none lent to this session",
-        "models": {},
-        "runs": [],
-    }
+    report = new_report(args.model, args, gpu="none lent to this session", models={}, runs=[])
     work = Path(tempfile.mkdtemp(prefix="vocgraft-lapt-"))
     try:
         start = time.perf_counter()

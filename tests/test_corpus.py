@@ -3,7 +3,7 @@ import unicodedata
 
 import pytest
 
-from vocgraft.corpus import CorpusError, read_lines, sample_lines
+from vocgraft.corpus import CorpusError, read_corpus, read_lines, read_mixture, sample_lines
 
 
 def test_text_file_lines_are_stripped_nfc_and_skip_blanks(tmp_path):
@@ -86,3 +86,21 @@ def test_hf_dataset_from_local_disk(tmp_path):
     ds = datasets.Dataset.from_dict({"text": ["uno", "dos"]})
     ds.save_to_disk(str(tmp_path / "ds"))
     assert read_lines(f"hf:{tmp_path / 'ds'}") == ["uno", "dos"]
+
+
+def test_mixture_keeps_the_weights_and_is_bounded_by_the_first_corpus_to_run_out(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("".join(f"a{i}\n" for i in range(100)), encoding="utf-8")
+    b.write_text("".join(f"b{i}\n" for i in range(1000)), encoding="utf-8")
+    mixed = read_mixture([(str(a), 1.0), (str(b), 3.0)])  # a runs out first: 100 lines at share 1/4 -> 400
+    assert len(mixed) == 400 and sum(x.startswith("a") for x in mixed) == 100
+    assert len(set(mixed)) == 400  # sampled without replacement
+    assert mixed[:20] != sorted(mixed[:20])  # shuffled: languages interleave
+    assert read_mixture([(str(a), 1.0), (str(b), 3.0)]) == mixed  # seeded
+    small = read_corpus([[str(a), 1.0], [str(b), 1.0]], sample=50)
+    assert sum(x.startswith("a") for x in small) == 25 and len(small) == 50
+    assert read_corpus(str(a)) == read_lines(a)
+    with pytest.raises(CorpusError, match=r"a\.txt has 100 lines .* lower --sample"):
+        read_mixture([(str(a), 1.0), (str(b), 1.0)], sample=1000)
+    with pytest.raises(CorpusError, match="weights must be positive"):
+        read_mixture([(str(a), 0.0)])

@@ -1,11 +1,9 @@
 """`vocgraft expand` end to end on a tiny model: a directory that plain transformers loads in a fresh process."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
+from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama
 
 from vocgraft.cli import main
 
@@ -40,19 +38,6 @@ def expand_args(root, out, init="merge", *extra):
     ]
 
 
-RELOAD = """
-import json, sys, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
-ids = tok("Η γλώσσα", return_tensors="pt").input_ids
-out = model.generate(ids, max_new_tokens=4, do_sample=False)
-print(json.dumps({"rows": model.get_input_embeddings().weight.shape[0], "len": len(tok),
-                  "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-                  "generated": out.shape[1] - ids.shape[1], "ids": ids[0].tolist()}))
-"""
-
-
 @pytest.mark.parametrize("init", ["mean", "align"])
 def test_expand_saves_a_directory_plain_transformers_loads_and_generates_with(source, tmp_path, init, capsys):
     out = tmp_path / "out"
@@ -66,9 +51,7 @@ def test_expand_saves_a_directory_plain_transformers_loads_and_generates_with(so
     printed = capsys.readouterr().out
     summary = json.loads(printed[printed.index("{") :])
     assert summary["roundtrip_exact"] and summary["tokens_per_line_after"] < summary["tokens_per_line_before"]
-    done = subprocess.run([sys.executable, "-c", RELOAD, str(out)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    loaded = reload_in_fresh_process(out, max_new_tokens=4)
     assert loaded["rows"] == loaded["len"] == 400 + 30
     assert loaded["tied"] is False and loaded["generated"] == 4
     assert any(i >= 400 for i in loaded["ids"]), "the expanded tokenizer should use a new Greek token"

@@ -1,12 +1,10 @@
 """`vocgraft replace` end to end on a tiny model: copied rows are the source's, specials survive, plain reload."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
+from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama
 
 from vocgraft.cli import main
 from vocgraft.plan import VocabPlan
@@ -21,18 +19,6 @@ def source(tmp_path_factory):
     tokenizer.save_pretrained(root / "source")
     (root / "el.txt").write_text("\n".join(lines("el", 400)) + "\n", encoding="utf-8")
     return root
-
-
-RELOAD = """
-import json, sys
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
-ids = tok("Η γλώσσα", return_tensors="pt").input_ids
-out = model.generate(ids, max_new_tokens=3, do_sample=False)
-print(json.dumps({"rows": model.get_input_embeddings().weight.shape[0], "len": len(tok),
-                  "eos": tok.eos_token, "generated": out.shape[1] - ids.shape[1]}))
-"""
 
 
 @pytest.mark.parametrize("kind,init", [("bytelevel-bpe", "mean"), ("sp-bpe", "multivariate")])
@@ -65,8 +51,6 @@ def test_replace_copies_shared_rows_and_saves_a_loadable_directory(source, tmp_p
     assert torch.equal(new_rows[plan.copied_target_ids], source_rows[plan.copied_source_ids])
     manifest = json.loads((out / "vocgraft.json").read_text())
     assert manifest["method"]["init"] == init and manifest["plan"]["copied"] == len(plan.copied)
-    done = subprocess.run([sys.executable, "-c", RELOAD, str(out)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    loaded = reload_in_fresh_process(out)
     assert loaded["rows"] >= loaded["len"] and loaded["generated"] == 3
     assert loaded["eos"] == "<|endoftext|>" or kind == "sp-bpe"

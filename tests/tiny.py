@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -128,3 +130,26 @@ def tiny_llama(vocab_rows: int, tied: bool, hidden: int = 32, seed: int = 0, lay
         if not tied:
             model.get_output_embeddings().weight.normal_(mean=0.5, std=2.0)  # a different space from the input
     return model
+
+
+RELOAD = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok("Η γλώσσα", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=int(sys.argv[2]), do_sample=False)
+print(json.dumps({"rows": model.get_input_embeddings().weight.shape[0], "len": len(tok), "eos": tok.eos_token,
+                  "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+                  "generated": out.shape[1] - ids.shape[1], "ids": ids[0].tolist()}))
+"""
+
+
+def reload_in_fresh_process(model_dir, max_new_tokens: int = 3) -> dict:
+    """Load ``model_dir`` with plain transformers in a new Python process, encode "Η γλώσσα" and generate greedily:
+    rows, tokenizer length, eos, tied, tokens generated, and the prompt's ids."""
+    done = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(model_dir), str(max_new_tokens)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -15,6 +15,10 @@ from vocgraft.corpus import (
 from vocgraft.models import DEFAULT_MODEL, ModelLoadError
 from vocgraft.outdir import OutputExistsError
 
+# adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
+# loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
+VOCADT_LR = 3e-4
+
 
 def write_json(path: str | Path, data: dict) -> None:
     """Write JSON atomically so a crash never leaves half a file."""
@@ -224,109 +228,192 @@ def cmd_plm_train(args) -> None:
     print(f"small target-language PLM -> {out}")
 
 
-def cmd_train(args) -> None:
-    from vocgraft.train.lapt import TrainConfig, train
+def corpus_spec(args) -> str | list:
+    """``--corpus`` (one or more) and ``--corpus-weights`` as a TrainConfig corpus: a path, or a weighted mix."""
+    if args.corpus_weights is None:
+        if len(args.corpus) == 1:
+            return args.corpus[0]
+        return [[path, 1.0] for path in args.corpus]  # several corpora, equal shares
+    if len(args.corpus_weights) != len(args.corpus):
+        raise CorpusError(
+            f"{len(args.corpus)} corpora but {len(args.corpus_weights)} --corpus-weights; give one weight per corpus."
+        )
+    return [[path, weight] for path, weight in zip(args.corpus, args.corpus_weights)]
 
-    names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs"}
-    summary = train(TrainConfig(**{name: getattr(args, name) for name in names}))
-    if not summary["main_process"]:  # under accelerate launch: one report, from the main process
-        return
+
+def train_config(args):
+    from vocgraft.train.lapt import TrainConfig
+
+    names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs", "corpus", "adapter"}
+    names &= set(vars(args))  # vocadt has no --strategy / --objective
+    return TrainConfig(corpus=corpus_spec(args), **{name: getattr(args, name) for name in names})
+
+
+def print_training(summary: dict, out: str) -> None:
     if summary["resumed_from_step"] is not None:
         print(f"resumed from step {summary['resumed_from_step']}")
     print(
         f"{summary['strategy']}/{summary['objective']}: {summary['steps']} steps "
         f"({summary['epochs']} epochs of {summary['train_sequences']} sequences of {summary['seq_len']} tokens), "
         f"{summary['tokens_per_second']:.0f} tokens/s, validation loss {summary['val_loss_start']:.3f} -> "
-        f"{summary['val_loss_end']:.3f} -> {args.out}"
+        f"{summary['val_loss_end']:.3f}, peak RSS {summary['peak_rss_mib']:.0f} MiB -> {out}"
     )
+
+
+def cmd_train(args) -> None:
+    from vocgraft.train.lapt import train
+
+    summary = train(train_config(args))
+    if summary["main_process"]:  # under accelerate launch: one report, from the main process
+        print_training(summary, args.out)
+
+
+def cmd_vocadt(args) -> None:
+    from vocgraft.recipes.vocadt import VocadtSettings, vocadt_model
+
+    settings = VocadtSettings(
+        tokenizer=args.tokenizer,
+        kind=args.kind,
+        vocab_size=args.vocab_size,
+        alpha=args.alpha,
+        candidates=None if args.dense else args.max_candidates,
+        untie_head=args.untie_head,
+    )
+    summary = vocadt_model(settings, train_config(args))
+    if not summary["main_process"]:
+        return
+    facts = summary["vocadt"]
+    memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
+    print(
+        f"{facts['form']} adapter x{facts['adapters']}: rows started as {facts['rows_started_as']}; "
+        f"adapter training state {memory}"
+    )
+    print_training(summary, args.out)
+
+
+def cmd_downstream(args) -> None:
+    from vocgraft.corpus import read_lines
+    from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream, markdown_summary
+    from vocgraft.eval.generation import prompts_from_lines
+    from vocgraft.eval.mt import read_pairs
+    from vocgraft.eval.tasks import read_records
+
+    tasks = {}
+    for item in args.task or []:
+        task, _, path = item.partition("=")
+        if not path:
+            raise CorpusError(f"--task {item!r}: expected TASK=FILE, e.g. nli=xnli-el.jsonl.")
+        tasks[task] = read_records(path, task)
+    spec = DownstreamSpec(
+        lang=args.lang,
+        prompts=prompts_from_lines(read_lines(args.prompts, limit=args.num_prompts)) if args.prompts else [],
+        max_new_tokens=args.max_new_tokens,
+        mt_pairs=read_pairs(args.mt) if args.mt else [],
+        mt_directions=tuple(args.mt_directions),
+        mt_shots=args.shots,
+        mt_limit=args.mt_limit,
+        mt_template=args.mt_template,
+        mt_max_new_tokens=args.mt_max_new_tokens,
+        tasks=tasks,
+        templates=json.loads(Path(args.templates).read_text(encoding="utf-8")) if args.templates else None,
+    )
+    results = [evaluate_downstream(m, spec) for m in [args.model, *([args.baseline] if args.baseline else [])]]
+    print(markdown_summary(results))
+    if args.json:
+        write_json(args.json, {"lang": args.lang, "results": results})
+
+
+def print_sweep(sweep: dict, report: Path) -> None:
+    reused = sum(s["reused"] for p in sweep["points"] for s in p["stages"])
+    built = sum(not s["reused"] for p in sweep["points"] for s in p["stages"])
+    text = report.read_text(encoding="utf-8")
+    print(text[: text.index("\n![")])  # the report without its image links
+    print(f"{built} stages built, {reused} reused; report, plot and JSON in {report.parent}")
+
+
+def cmd_run(args) -> None:
+    from vocgraft.pipeline.config import load_config
+    from vocgraft.pipeline.sweep import run_sweep, write_report
+
+    config = load_config(args.config)
+    sweep = run_sweep(config, [config["adapt"]["new_tokens"]], [config["adapt"]["init"]])
+    print_sweep(sweep, write_report(sweep, config["out"]))
+
+
+def cmd_sweep(args) -> None:
+    from vocgraft.pipeline.config import load_config
+    from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
+
+    config = load_config(args.config)
+    if args.tolerance is not None:
+        config["report"]["tolerance"] = args.tolerance
+    ks = parse_ints(args.k, "k") if args.k else [config["adapt"]["new_tokens"]]
+    inits = [i for i in args.init.split(",") if i] if args.init else [config["adapt"]["init"]]
+    sizes = parse_ints(args.sizes, "sizes") if args.sizes else None
+    sweep = run_sweep(config, ks, inits, sizes, jobs=args.jobs)
+    print_sweep(sweep, write_report(sweep, config["out"]))
 
 
 def cmd_demo(args) -> None:
-    """Expand SmolLM2 with k Greek tokens (Align) and compare source and expanded model on held-out Greek."""
+    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens, two init methods, report + recommendation."""
+    from vocgraft.pipeline.config import validate
+    from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
 
-    from vocgraft.corpus import read_lines
-    from vocgraft.eval import evaluate
-    from vocgraft.models import load_model
-    from vocgraft.recipes.expand import expand_loaded
-    from vocgraft.report import markdown_table
-
-    corpus, heldout = SHARED_CORPORA / args.lang / "train.txt", SHARED_CORPORA / args.lang / "heldout.txt"
-    lines = read_lines(corpus, sample=args.sample, seed=0)
-    text = read_lines(heldout, limit=args.limit)
-    # English training text: the new merges must not change how the source language tokenizes
-    protect = read_lines(SHARED_CORPORA / "en" / "train.txt", limit=8192) if args.lang != "en" else None
+    corpora = SHARED_CORPORA / args.lang
+    raw = {
+        "model": args.model,
+        "corpus": str(corpora / "train.txt"),
+        "heldout": str(corpora / "heldout.txt"),
+        "lang": args.lang,
+        "out": args.out,
+        "sample": args.sample,
+        # English training text: the new merges must not change how the source language tokenizes
+        "adapt": {"mode": "expand", "aux_vocab_size": args.aux_vocab_size}
+        | ({"protect": str(SHARED_CORPORA / "en" / "train.txt")} if args.lang != "en" else {}),
+        "eval": {"limit": args.limit},
+    }
     print(
-        f"vocgraft demo: {args.model} + {args.new_tokens} {args.lang} tokens ({args.init}), trained on "
-        f"{len(lines)} lines of {corpus}, measured on the first {len(text)} lines of {heldout}",
+        f"vocgraft demo: {args.model} + k in {args.k} {args.lang} tokens x init in {args.init}, trained on "
+        f"{args.sample} lines of {raw['corpus']}, measured on the first {args.limit} lines of {raw['heldout']}",
         file=sys.stderr,
     )
-    model, source_tokenizer = load_model(args.model)
-    source = evaluate(model, source_tokenizer, text)
-    result = expand_loaded(
-        model, source_tokenizer, lines, args.new_tokens, args.init, aux_vocab_size=args.aux_vocab_size, protect=protect
-    )
-    expanded = evaluate(result.model, result.tokenizer, text, baseline_tokenizer=source_tokenizer)
-    usage = expansion_summary(source_tokenizer, result.tokenizer, result.plan.new_ids, text)
-    rows = [
-        [
-            name,
-            r["tokenizer"]["tokens_per_line_mean"],
-            r["tokenizer"]["bytes_per_token"],
-            r["bpb"]["bits_per_byte"],
-            r["bpb"]["uniform_bits_per_byte"],
-        ]
-        for name, r in (("source", source), (f"expanded k={args.new_tokens} {args.init}", expanded))
-    ]
-    print(markdown_table(["model", "tokens/line", "bytes/token", "bits/byte", "uniform bits/byte"], rows))
-    print(
-        f"\nspeedup proxy {expanded['speedup']:.3f}x; {usage['new_tokens_used_share']:.0%} of the new tokens "
-        f"occur in the held-out text; round trip exact: {usage['roundtrip_exact']}; "
-        f"init took {result.timings['init_seconds']:.1f} s"
-    )
-    if args.out:
-        from vocgraft.surgery import save_model_dir
-
-        save_model_dir(
-            result.model,
-            result.tokenizer,
-            args.out,
-            overwrite=True,
-            manifest={
-                "job": "demo",
-                "source_model": args.model,
-                "source_eval": source,
-                "expanded_eval": expanded,
-                "usage": usage,
-            },
-        )
-        print(f"saved the expanded model to {args.out}")
+    config = validate(raw, "vocgraft demo")
+    sweep = run_sweep(config, parse_ints(args.k, "k"), args.init.split(","))
+    print_sweep(sweep, write_report(sweep, args.out))
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
 
 
-def add_train_args(p: argparse.ArgumentParser) -> None:
+def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: float = 1e-4) -> None:
     from vocgraft.train.objectives import OBJECTIVES
     from vocgraft.train.strategies import STRATEGIES
 
     p.add_argument(
         "--model", required=True, help="model directory (e.g. the output of vocgraft expand), hub id or alias"
     )
-    p.add_argument("--corpus", required=True, help="target-language text: file, folder, JSONL or hf:dataset spec")
+    p.add_argument(
+        "--corpus", required=True, nargs="+", help="target-language text: file, folder, JSONL or hf:dataset spec; "
+        "several make a mix (see --corpus-weights)"
+    )  # fmt: skip
+    p.add_argument(
+        "--corpus-weights", type=float, nargs="+", help="sampling weight per --corpus (default: equal shares)"
+    )
     p.add_argument("--out", required=True, help="where the trained model directory goes")
-    p.add_argument("--strategy", default="full", choices=STRATEGIES)
-    p.add_argument("--objective", default="clm", choices=OBJECTIVES, help="mtp adds a head predicting t+2")
+    if strategies:
+        p.add_argument("--strategy", default="full", choices=STRATEGIES)
+        p.add_argument("--objective", default="clm", choices=OBJECTIVES, help="mtp adds a head predicting t+2")
+        p.add_argument("--stage1-share", type=float, default=0.5, help="two-stage: share of steps for embeddings only")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per process and micro-batch")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=float, default=2.0)
     budget.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (cosine schedule)")
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate (cosine schedule)")
     p.add_argument("--warmup-steps", type=int, default=100, help="capped at 10%% of each phase's steps")
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--stage1-share", type=float, default=0.5, help="two-stage: share of steps for embeddings only")
     p.add_argument("--sample", type=int, help="|D|: train on a seeded sample of this many lines")
     p.add_argument("--val-lines", type=int, default=256, help="lines held out for the validation loss")
     p.add_argument("--eval-every", type=int, help="steps between validation losses (default: 10 over the run)")
@@ -436,27 +523,76 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="language-adaptive pre-training (LAPT) of a model on the target corpus")
     add_train_args(p)
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser(
+        "vocadt", help="replace the tokenizer; learn new embeddings as adapters over the frozen model (VocADT)"
+    )
+    add_train_args(p, strategies=False, lr=VOCADT_LR)
+    p.add_argument("--tokenizer", help="the target tokenizer (default: train one on the --corpus mix)")
+    p.add_argument("--kind", choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"], help="kind of the trained tokenizer")
+    p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
+    p.add_argument(
+        "--alpha", type=float, default=0.1, help="aux-loss weight keeping shared tokens' rows near their start "
+        "(paper 004: 0.1 for non-Latin scripts, 0 for Latin)"
+    )  # fmt: skip
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--max-candidates", type=int, default=64, help="K nearest old rows per new row (sparse form)")
+    form.add_argument("--dense", action="store_true", help="a full |Vnew| x |Vold| adapter (large GPUs only)")
+    p.add_argument("--untie-head", action="store_true", help="tied source: a separate head adapter (untied output)")
+    p.set_defaults(func=cmd_vocadt)
 
-    p = sub.add_parser("demo", help="the main job on the embedded defaults: expand SmolLM2 with Greek tokens")
+    p = sub.add_parser("downstream", help="generation speed, MT chrF and NLI/SUM/SPAN scores (vs a baseline model)")
+    p.add_argument("--model", required=True, help="the adapted model")
+    p.add_argument("--baseline", help="its source model, measured in the same run")
+    p.add_argument("--lang", required=True, help="target language code (prompt templates, MT language name)")
+    p.add_argument("--prompts", help="text whose lines' beginnings are generation prompts (speed, new-token share)")
+    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="generation speed: tokens per prompt")
+    p.add_argument("--mt", help="parallel english<TAB>target file, e.g. ../shared/corpora/parallel/en-el.tsv")
+    p.add_argument("--mt-directions", nargs="+", default=["en-xx", "xx-en"], choices=["en-xx", "xx-en"])
+    p.add_argument("--shots", type=int, default=3, help="MT examples in the prompt (the file's first pairs)")
+    p.add_argument("--mt-limit", type=int, default=50, help="MT test pairs (after the examples)")
+    p.add_argument("--mt-max-new-tokens", type=int, default=256, help="MT answer budget (stops at a line break)")
+    p.add_argument("--mt-template", help="default: 'Translate {source_language} to {target_language}: {source} ='")
+    p.add_argument("--task", action="append", help="TASK=FILE with TASK nli, sum or span (JSONL); repeatable")
+    p.add_argument("--templates", help="JSON {task: template, 'nli_labels': [...]} overriding the shipped ones")
+    p.add_argument("--json", help="also write everything (with every MT hypothesis) to this JSON file")
+    p.set_defaults(func=cmd_downstream)
+
+    p = sub.add_parser("run", help="the whole pipeline from a YAML config; finished stages are reused")
+    p.add_argument("config", help="YAML config (see examples/)")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("sweep", help="the pipeline over k x init (x |D|), with report.md, plots and a recommendation")
+    p.add_argument("config", help="YAML config (see examples/); the grid overrides adapt.new_tokens / adapt.init")
+    p.add_argument("--k", help="new-token counts, e.g. 50,100,500,1000,5000")
+    p.add_argument("--init", help="init methods, e.g. random,mean,align")
+    p.add_argument("--sizes", help="LAPT corpus sizes |D|, e.g. 2^10..2^15 (needs a train section)")
+    p.add_argument("--tolerance", type=float, help="allowed relative bits/byte loss vs the source (default 0.02)")
+    p.add_argument("--jobs", type=int, default=1, help="settings run in parallel processes")
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("demo", help="the main job on the embedded defaults: a small Greek sweep with a recommendation")
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
-    p.add_argument("--new-tokens", type=int, default=100)
-    p.add_argument("--init", default="align", choices=sorted(METHODS))
+    p.add_argument("--k", default="100,1000", help="new-token counts to try")
+    p.add_argument("--init", default="mean,align", help="init methods to try")
     p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
     p.add_argument("--aux-vocab-size", type=int, default=8000)
     p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")
-    p.add_argument("--out", help="also save the expanded model here")
+    p.add_argument("--out", default="vocgraft-demo", help="where stages, report.md and the plot go")
     p.set_defaults(func=cmd_demo)
     return parser
 
 
 def user_errors() -> tuple[type[Exception], ...]:
+    from vocgraft.pipeline.config import ConfigError
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
     from vocgraft.train.data import TrainingError
 
-    return (CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError)
+    return (
+        CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
+        ConfigError,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,3 +171,44 @@ def read_lines(
                 break
         return out
     return list(lines)
+
+
+def read_mixture(
+    sources: list[tuple[str, float]],
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    field: str = "text",
+) -> list[str]:
+    """Lines from several corpora in the proportions of their weights (paper 004 mixes languages this way).
+
+    The mix has ``sample`` lines, or else as many as the corpus that runs out first allows: a weight-w corpus of
+    n lines supplies at most n lines of a mix of n / w. Each corpus is sampled without replacement with its own
+    seed; the result is shuffled (seeded), so every batch sees every language.
+    """
+    if not sources:
+        raise CorpusError("no corpus given for the mixture.")
+    weights = [w for _, w in sources]
+    if any(not w > 0 for w in weights):
+        raise CorpusError(f"corpus weights must be positive; got {weights}.")
+    shares = [w / sum(weights) for w in weights]
+    corpora = [read_lines(path, field=field) for path, _ in sources]
+    total = sample if sample is not None else int(min(len(lines) / share for lines, share in zip(corpora, shares)))
+    mixed: list[str] = []
+    for i, ((path, _), lines, share) in enumerate(zip(sources, corpora, shares)):
+        want = round(total * share)
+        if want > len(lines):
+            raise CorpusError(
+                f"{path} has {len(lines)} lines but a mix of {total} at weight {share:.3f} needs {want}; "
+                "lower --sample or this corpus's weight."
+            )
+        mixed += sample_lines(lines, want, seed + i)
+    random.Random(seed).shuffle(mixed)
+    return mixed
+
+
+def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, field: str = "text") -> list[str]:
+    """A corpus spec as stored in training configs: one source, or ``[[source, weight], ...]`` for a mixture."""
+    if isinstance(spec, str | Path):
+        return read_lines(spec, sample=sample, seed=seed, field=field)
+    return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)

@@ -56,13 +56,7 @@ def eval_markdown(result: dict, name: str = "model") -> str:
 def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") -> bytes:
     """A PNG of the training loss per step (``steps``: dicts with step, loss, clm_loss) and the validation loss at
     its evaluation steps (``val``: dicts with step, loss)."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     if steps:
         x = [s["step"] for s in steps]
@@ -75,8 +69,66 @@ def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") 
     ax.set_ylabel("loss (nats / token)")
     ax.set_title(title)
     ax.legend()
+    return _png(fig)
+
+
+def _png(fig) -> bytes:
+    import io
+
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_quality_png(points: Sequence[dict], source_bpb: float, tolerance: float) -> bytes:
+    """Speedup (x) against bits/byte (y), one line per init method through its k values (labelled), with the
+    source's bits/byte and the tolerance band: the recommendation is the right-most point inside the band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for init in dict.fromkeys(p["init"] for p in points):
+        mine = sorted((p for p in points if p["init"] == init), key=lambda p: p["speedup"])
+        ax.plot([p["speedup"] for p in mine], [p["bits_per_byte"] for p in mine], "o-", label=init)
+        for p in mine:
+            label = f"k={p['new_tokens']}" if p["new_tokens"] is not None else ""
+            if p.get("train_sample") is not None:
+                label += f" |D|={p['train_sample']}"
+            ax.annotate(label.strip(), (p["speedup"], p["bits_per_byte"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)  # fmt: skip
+    ax.axhline(source_bpb, color="black", lw=1, label=f"source ({source_bpb:.3f})")
+    ax.axhspan(source_bpb, source_bpb * (1 + tolerance), color="green", alpha=0.12, label=f"within {tolerance:.0%}")
+    ax.set_xlabel("speedup (source tokens / adapted tokens, held-out text)")
+    ax.set_ylabel("bits per UTF-8 byte (lower is better)")
+    ax.set_title("Vocabulary adaptation: speed vs quality")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def size_quality_png(points: Sequence[dict], source_bpb: float) -> bytes:
+    """Bits/byte against the LAPT corpus size |D| (log2 axis), one line per (init, k)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for key in dict.fromkeys((p["init"], p["new_tokens"]) for p in points):
+        mine = sorted((p for p in points if (p["init"], p["new_tokens"]) == key), key=lambda p: p["train_sample"])
+        label = key[0] if key[1] is None else f"{key[0]} k={key[1]}"
+        ax.plot([p["train_sample"] for p in mine], [p["bits_per_byte"] for p in mine], "o-", label=label)
+    ax.axhline(source_bpb, color="black", lw=1, label=f"source ({source_bpb:.3f})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("|D|: LAPT training lines")
+    ax.set_ylabel("bits per UTF-8 byte")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)

@@ -112,6 +112,17 @@ def graft(
     return model
 
 
+def untie_head(model: Any) -> Any:
+    """Give a tied LM head its own copy of the embedding matrix (and say so in the config), in place."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or head.weight is not emb.weight:
+        return model
+    head.weight = nn.Parameter(emb.weight.detach().clone(), requires_grad=emb.weight.requires_grad)
+    for cfg in _configs(model):
+        cfg.tie_word_embeddings = False
+    return model
+
+
 def _check_rows(name: str, rows: torch.Tensor, n_new: int, hidden: int) -> None:
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2:
         shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__

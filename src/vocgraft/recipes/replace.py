@@ -51,6 +51,23 @@ def with_source_specials(source_tokenizer, target_tokenizer):
     return target_tokenizer
 
 
+def target_tokenizer_for(
+    source_tokenizer, lines: Sequence[str], given=None, *, kind: str | None, vocab_size: int, seed: int = 0
+):
+    """The tokenizer that replaces the source's: ``given``, or one trained on ``lines`` (by default of the
+    source's own family), plus the source's special tokens it lacks."""
+    if given is None:
+        kind = kind or KIND_LIKE_SOURCE.get(tokenizer_kind(source_tokenizer))
+        if kind is None:
+            raise ReplaceError(
+                f"no default target tokenizer kind for a {tokenizer_kind(source_tokenizer)} source; "
+                "pass --kind or --tokenizer."
+            )
+        like = source_tokenizer if kind == "bytelevel-bpe" else None
+        given = train_tokenizer(lines, kind, vocab_size, like=like, seed=seed)
+    return with_source_specials(source_tokenizer, given)
+
+
 def replace_loaded(
     model,
     source_tokenizer,
@@ -67,17 +84,10 @@ def replace_loaded(
     get_method(init)  # fail on a typo before any work
     timings = {}
     start = time.perf_counter()
-    if target_tokenizer is None:
-        kind = target_kind or KIND_LIKE_SOURCE.get(tokenizer_kind(source_tokenizer))
-        if kind is None:
-            raise ReplaceError(
-                f"no default target tokenizer kind for a {tokenizer_kind(source_tokenizer)} source; "
-                "pass --kind or --tokenizer."
-            )
-        like = source_tokenizer if kind == "bytelevel-bpe" else None
-        target_tokenizer = train_tokenizer(lines, kind, target_vocab_size, like=like, seed=seed)
+    target_tokenizer = target_tokenizer_for(
+        source_tokenizer, lines, target_tokenizer, kind=target_kind, vocab_size=target_vocab_size, seed=seed
+    )
     timings["target_tokenizer_seconds"] = time.perf_counter() - start
-    target_tokenizer = with_source_specials(source_tokenizer, target_tokenizer)
 
     start = time.perf_counter()
     plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "replace")

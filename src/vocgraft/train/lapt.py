@@ -19,11 +19,14 @@ import contextlib
 import json
 import math
 import os
+import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,14 +41,14 @@ SCHEDULER_FILE = "scheduler.pt"
 # a resumed run must be the same run: these settings decide the batches, the schedule and the weights
 RESUME_KEYS = (
     "model", "corpus", "strategy", "objective", "seq_len", "batch_size", "grad_accum", "epochs", "max_steps",
-    "lr", "warmup_steps", "weight_decay", "stage1_share", "sample", "val_lines", "seed", "max_grad_norm",
+    "lr", "warmup_steps", "weight_decay", "stage1_share", "sample", "val_lines", "seed", "max_grad_norm", "adapter",
 )  # fmt: skip
 
 
 @dataclass
 class TrainConfig:
     model: str
-    corpus: str
+    corpus: str | list  # a source, or [[source, weight], ...]: a weighted mixture (corpus.read_corpus)
     out: str
     strategy: str = "full"
     objective: str = "clm"
@@ -71,9 +74,22 @@ class TrainConfig:
     keep_checkpoints: bool = False
     show_progress: bool = True
     inputs: dict = dataclass_field(default_factory=dict)  # extra facts for the manifest
+    adapter: dict | None = None  # VocADT's settings (alpha, candidates, ...): part of what a resume must match
 
     def checkpoint_root(self) -> Path:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
+
+
+@dataclass
+class PreparedModel:
+    """A model built in memory instead of loaded from ``config.model``: VocADT's source model with adapters."""
+
+    model: Any
+    tokenizer: Any
+    extra_loss: Callable[[], torch.Tensor] | None = None  # added to the training loss (VocADT's aux loss)
+    finalize: Callable[[Any], Any] | None = None  # trained model -> the plain model to save
+    manifest: dict = dataclass_field(default_factory=dict)  # merged into the saved manifest
+    extra_json: dict = dataclass_field(default_factory=dict)  # more JSON files for the saved directory
 
 
 @dataclass
@@ -84,6 +100,19 @@ class RunState:
     train_seconds: float = 0.0
     log: list[dict] = dataclass_field(default_factory=list)  # one entry per optimizer step
     val: list[dict] = dataclass_field(default_factory=list)  # {"step", "loss"}
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. Linux's VmHWM belongs to the address space, so it starts afresh at
+    exec; ``ru_maxrss`` would also count what a forking parent held (a benchmark spawning runs)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; other systems differ
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -149,13 +178,15 @@ def _save_checkpoint(accelerator, root: Path, state: RunState, config: TrainConf
     return final
 
 
-def train(config: TrainConfig) -> dict:
-    """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary."""
+def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
+    """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary.
+
+    ``prepared`` replaces loading ``config.model`` (which then only names the source in manifests)."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from transformers import get_cosine_schedule_with_warmup
 
-    from vocgraft.corpus import read_lines
+    from vocgraft.corpus import read_corpus
     from vocgraft.models import describe, load_model
 
     _check_config(config)
@@ -174,10 +205,13 @@ def train(config: TrainConfig) -> dict:
     state = _load_state(checkpoint, config) if checkpoint else RunState()
     set_seed(config.seed)
 
-    lines = read_lines(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
+    lines = read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
     train_lines, val_lines = split_validation(lines, config.val_lines)
-    model, tokenizer = load_model(config.model)
-    info = describe(model, tokenizer).to_dict()
+    if prepared is None:
+        model, tokenizer = load_model(config.model)
+        info = describe(model, tokenizer).to_dict()
+    else:
+        model, tokenizer, info = prepared.model, prepared.tokenizer, {"model": config.model}
     chunks = pack_tokens(tokenizer, train_lines, config.seq_len)
     val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len)
     micro, procs = config.batch_size, accelerator.num_processes
@@ -187,7 +221,7 @@ def train(config: TrainConfig) -> dict:
     eval_every = config.eval_every or max(1, total_steps // 10)
     tokens_per_step = order.global_batch * config.seq_len
 
-    objective = LMObjective(model, config.objective)
+    objective = LMObjective(model, config.objective, prepared.extra_loss if prepared else None)
     bar = progress(
         total=total_steps,
         initial=state.step,
@@ -280,10 +314,11 @@ def train(config: TrainConfig) -> dict:
         "val": state.val,
         "val_loss_start": state.val[0]["loss"],
         "val_loss_end": state.val[-1]["loss"],
+        "peak_rss_mib": peak_rss_mib(),
         "source": info,
     }
     if accelerator.is_main_process:
-        _save_trained(objective, tokenizer, config, state, summary)
+        _save_trained(objective, tokenizer, config, state, summary, prepared)
         if not config.keep_checkpoints:
             shutil.rmtree(root, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -291,17 +326,27 @@ def train(config: TrainConfig) -> dict:
     return summary
 
 
-def _save_trained(objective: LMObjective, tokenizer, config: TrainConfig, state: RunState, summary: dict) -> None:
+def _save_trained(
+    objective: LMObjective,
+    tokenizer,
+    config: TrainConfig,
+    state: RunState,
+    summary: dict,
+    prepared: PreparedModel | None,
+) -> None:
     """The plain causal LM (LoRA merged, MTP head dropped) with its log and loss curve, written atomically."""
     from vocgraft.report import loss_curve_png
     from vocgraft.surgery import save_model_dir
 
     model = base_model(objective.model)
+    if prepared is not None and prepared.finalize is not None:
+        model = prepared.finalize(model)
     model.eval()
     manifest = {
         "inputs": {"model": config.model, "corpus": config.corpus, **config.inputs},
         "training": {k: v for k, v in asdict(config).items() if k not in ("inputs", "out")},
         "metrics": {k: v for k, v in summary.items() if k not in ("val", "source")},
+        **(prepared.manifest if prepared else {}),
     }
     log = {"summary": summary, "steps": state.log}
     save_model_dir(
@@ -310,6 +355,6 @@ def _save_trained(objective: LMObjective, tokenizer, config: TrainConfig, state:
         config.out,
         overwrite=config.overwrite,
         manifest=manifest,
-        extra_json={"train_log.json": log},
+        extra_json={"train_log.json": log, **(prepared.extra_json if prepared else {})},
         extra_files={"loss_curve.png": loss_curve_png(state.log, state.val, f"{config.strategy} / {config.objective}")},
     )

@@ -21,12 +21,16 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 class LMObjective(torch.nn.Module):
-    """``forward(input_ids) -> (loss, clm_loss)`` on packed sequences (no padding)."""
+    """``forward(input_ids) -> (loss, clm_loss)`` on packed sequences (no padding); ``loss`` includes the MTP
+    head's loss and ``extra_loss()`` when there are such."""
 
-    def __init__(self, model, objective: str = "clm"):
+    def __init__(self, model, objective: str = "clm", extra_loss=None):
         super().__init__()
         self.model = model
         self.objective = objective
+        # a regularizer added to the loss (VocADT's aux loss): computed inside forward, so that under
+        # accelerate its gradients are synchronized with the LM loss's
+        self.extra_loss = extra_loss
         self.mtp_head = None
         if objective == "mtp":
             head = model.get_output_embeddings()
@@ -43,8 +47,10 @@ class LMObjective(torch.nn.Module):
             output_hidden_states=self.mtp_head is not None,
         )
         clm = next_token_loss(out.logits[:, :-1], input_ids[:, 1:])
-        if self.mtp_head is None:
-            return clm, clm.detach()
-        hidden = out.hidden_states[-1]  # after the final norm: what the LM head reads
-        two_ahead = next_token_loss(self.mtp_head(hidden[:, :-2]), input_ids[:, 2:])
-        return clm + two_ahead, clm.detach()
+        loss = clm
+        if self.mtp_head is not None:
+            hidden = out.hidden_states[-1]  # after the final norm: what the LM head reads
+            loss = loss + next_token_loss(self.mtp_head(hidden[:, :-2]), input_ids[:, 2:])
+        if self.extra_loss is not None:
+            loss = loss + self.extra_loss()
+        return loss, clm.detach()

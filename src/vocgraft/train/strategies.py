@@ -17,18 +17,20 @@ import torch
 from vocgraft.train.data import TrainingError
 
 STRATEGIES = ("full", "lora", "two-stage", "2x2", "embeddings")
+# trains only VocADT adapter weights; `vocgraft vocadt` sets the adapters up, so it is not a `--strategy` choice
+ADAPTERS = "vocadt"
 LORA = {"r": 8, "lora_alpha": 32, "lora_dropout": 0.05}  # paper 000's LoRA setting, all linear layers
 
 
 @dataclass(frozen=True)
 class Phase:
-    setup: str  # full | lora | 2x2 | embeddings
+    setup: str  # full | lora | 2x2 | embeddings | vocadt
     steps: int
 
 
 def phases(strategy: str, total_steps: int, stage1_share: float = 0.5) -> list[Phase]:
     """The phases of ``strategy`` over ``total_steps`` optimizer steps."""
-    if strategy not in STRATEGIES:
+    if strategy not in (*STRATEGIES, ADAPTERS):
         raise TrainingError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
     if strategy != "two-stage":
         return [Phase(strategy, total_steps)]
@@ -57,6 +59,15 @@ def _embedding_weights(model) -> list[torch.nn.Parameter]:
 
 def configure(model, setup: str):
     """Set ``requires_grad`` for ``setup`` (and wrap the model with LoRA for ``lora``); returns the model to train."""
+    if setup == ADAPTERS:
+        from vocgraft.train.vocadt import ADAPTER_PARAM
+
+        names = [name for name, param in model.named_parameters() if name.endswith(ADAPTER_PARAM)]
+        if not names:
+            raise TrainingError("the vocadt strategy needs a model with vocabulary adapters; use `vocgraft vocadt`.")
+        for name, param in model.named_parameters():
+            param.requires_grad_(name.endswith(ADAPTER_PARAM))
+        return model  # the embedding and head weights are computed from the adapters: nothing else trains
     if setup == "lora":
         model = add_lora(model)
     else:

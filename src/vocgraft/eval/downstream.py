@@ -1,0 +1,99 @@
+"""`vocgraft downstream`: generation speed, MT chrF and task scores for a model and (optionally) its source, in one
+run so that speeds are compared on the same machine state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class DownstreamSpec:
+    lang: str
+    prompts: list[str] = field(default_factory=list)  # generation-speed prompts
+    max_new_tokens: int = 64
+    mt_pairs: list[tuple[str, str]] = field(default_factory=list)
+    mt_directions: tuple[str, ...] = ("en-xx", "xx-en")
+    mt_shots: int = 3
+    mt_limit: int = 50
+    mt_template: str | None = None
+    # in tokens: generous, because an English-centric tokenizer spends about one token per byte on Greek
+    mt_max_new_tokens: int = 256
+    tasks: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
+    templates: dict | None = None
+    seed: int = 0
+
+
+def new_token_ids(model_dir: str) -> set[int] | None:
+    """The plan's new ids when ``model_dir`` is a vocgraft output (``vocgraft-plan.json``), else None."""
+    from vocgraft.plan import VocabPlan
+
+    plan_file = Path(model_dir) / "vocgraft-plan.json"
+    return set(VocabPlan.from_json(plan_file).new_ids) if plan_file.is_file() else None
+
+
+def evaluate_downstream(model_spec: str, spec: DownstreamSpec) -> dict:
+    from vocgraft.eval.generation import generation_speed
+    from vocgraft.eval.mt import DEFAULT_TEMPLATE, translate_and_score
+    from vocgraft.eval.tasks import RUNNERS
+    from vocgraft.models import load_model
+
+    model, tokenizer = load_model(model_spec)
+    model.eval()
+    result: dict = {"model": model_spec, "generation": [], "mt": [], "tasks": []}
+    if spec.prompts:
+        new_ids = new_token_ids(model_spec)
+        for sampled in (False, True):
+            result["generation"].append(
+                generation_speed(
+                    model,
+                    tokenizer,
+                    spec.prompts,
+                    sampled=sampled,
+                    max_new_tokens=spec.max_new_tokens,
+                    new_token_ids=new_ids,
+                    seed=spec.seed,
+                )
+            )
+    for direction in spec.mt_directions if spec.mt_pairs else ():
+        result["mt"].append(
+            translate_and_score(
+                model,
+                tokenizer,
+                spec.mt_pairs,
+                spec.lang,
+                direction=direction,
+                shots=spec.mt_shots,
+                limit=spec.mt_limit,
+                template=spec.mt_template or DEFAULT_TEMPLATE,
+                max_new_tokens=spec.mt_max_new_tokens,
+            )
+        )
+    for task, records in spec.tasks.items():
+        result["tasks"].append(RUNNERS[task](model, tokenizer, records, spec.lang, spec.templates))
+    return result
+
+
+def markdown_summary(results: list[dict]) -> str:
+    """One table per measurement, a row per model."""
+    from vocgraft.report import markdown_table
+
+    parts = []
+    generation = [(r["model"], g) for r in results for g in r["generation"]]
+    if generation:
+        rows = [
+            [m, g["mode"], g["tokens_per_second"], g["chars_per_second"], g["chars_per_token"], g["new_token_share"]]
+            for m, g in generation
+        ]
+        header = ["model", "decoding", "tokens/s", "chars/s", "chars/token", "new-token share"]
+        parts.append(markdown_table(header, [[c if c is not None else "–" for c in row] for row in rows]))
+    mt = [(r["model"], x) for r in results for x in r["mt"]]
+    if mt:
+        rows = [[m, x["direction"], x["pairs"], x["chrf"]] for m, x in mt]
+        parts.append(markdown_table(["model", "direction", "pairs", "chrF"], rows))
+    tasks = [(r["model"], t) for r in results for t in r["tasks"]]
+    if tasks:
+        metric = {"nli": "accuracy", "sum": "rouge_l", "span": "f1"}
+        rows = [[m, t["task"], t["records"], metric[t["task"]], t[metric[t["task"]]]] for m, t in tasks]
+        parts.append(markdown_table(["model", "task", "records", "metric", "score"], rows))
+    return "\n\n".join(parts)

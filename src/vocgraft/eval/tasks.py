@@ -1,0 +1,177 @@
+"""Downstream task formats over a user's JSONL files: NLI (accuracy), SUM (ROUGE-L), SPAN (token F1).
+
+Records:
+  nli   {"premise": ..., "hypothesis": ..., "label": 0|1|2 or a label word}  (0 entailment, 1 neutral, 2 contradiction)
+  sum   {"text": ..., "summary": ...}
+  span  {"context": ..., "question": ..., "answers": [...] or "..."}
+
+NLI picks the label word with the highest log-likelihood after the prompt (the whole word, summed over its
+tokens), as paper 000 §C.2 does; SUM and SPAN decode greedily (128 and 8 new tokens, paper 000 Table 4) and score
+the text before the first line break. The prompt templates of paper 000 Table 5 ship for its eight languages;
+``templates`` overrides any of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vocgraft.corpus import CorpusError
+from vocgraft.eval.generation import GREEDY, generate_one
+from vocgraft.eval.metrics import rouge_l, token_f1
+
+TASKS = ("nli", "sum", "span")
+FIELDS = {
+    "nli": ("premise", "hypothesis", "label"),
+    "sum": ("text", "summary"),
+    "span": ("context", "question", "answers"),
+}
+MAX_NEW_TOKENS = {"sum": 128, "span": 8}
+
+# label words in label order: entailment, neutral, contradiction
+NLI_LABELS = {
+    "en": ("True", "Neither", "False"),
+    "ar": ("صحيح", "لا هذا ولا ذاك", "خطأ"),
+    "de": ("Wahr", "Weder", "Falsch"),
+    "el": ("Αληθής", "Κανένα από τα δύο", "Ψευδής"),
+    "hi": ("सही", "ना तो सही ना गलत", "गलत"),
+    "ja": ("真", "どちらでもない", "偽"),
+    "sw": ("Kweli", "Wala", "Uongo"),
+    "th": ("จริง", "ไม่แน่ใจ", "เท็จ"),
+}
+TEMPLATES = {
+    "nli": {
+        "en": "{premise} Question: {hypothesis} True, False, or Neither? Answer:",
+        "ar": "{premise} سؤال: {hypothesis} صحيح، خطأ، أم لا هذا ولا ذاك؟ إجابة:",
+        "de": "{premise} Frage: {hypothesis} Wahr, Falsch oder Weder? Antwort:",
+        "el": "{premise} Ερώτηση: {hypothesis} Αληθής, Ψευδής, ή Κανένα από τα δύο; Απάντηση:",
+        "hi": "{premise} प्रश्न: {hypothesis} सही, ना तो सही ना गलत, गलत? उत्तर:",
+        "ja": "{premise} 質問: {hypothesis} 真、偽、どちらでもない? 答え:",
+        "sw": "{premise} Swali: {hypothesis} Kweli, Uongo au Wala? Jibu:",
+        "th": "{premise} คำถาม: {hypothesis} จริง, เท็จ, ไม่แน่ใจ? คำตอบ:",
+    },
+    "sum": {
+        "en": "Write a short summary of the following text in English. Article: {text} Summary:",
+        "ar": "اكتب ملخصًا قصيرًا للنص التالي باللغة العربية. المقالة: {text} الملخص:",
+        "de": "Schreiben Sie eine kurze Zusammenfassung des folgenden Textes auf Deutsch. Artikel: {text} "
+        "Zusammenfassung:",
+        "el": "Γράψε μια σύντομη περίληψη του παρακάτω κειμένου στα ελληνικά. Άρθρο: {text} Περίληψη:",
+        "hi": "निम्नलिखित का संक्षेप हिंदी में लिखे। लेख: {text} संक्षेप:",
+        "ja": "次の文章の要約を日本語で書きなさい。記事: {text} 要約:",
+        "sw": "Andika muhtasari mfupi wa maandishi yafuatayo kwa Kiswahili. Makala: {text} Muhtasari:",
+        "th": "เขียนสรุปสั้น ๆ ของข้อความต่อไปนี้เป็นภาษาไทย บทความ: {text} สรุป:",
+    },
+    "span": {
+        "en": "Answer the following question. Context: {context} Question: {question} Answer:",
+        "ar": "أجب على السؤال التالي. السياق: {context} السؤال: {question} الإجابة:",
+        "de": "Beantworten Sie die folgende Frage. Artikel: {context} Frage: {question} Antwort:",
+        "el": "Απάντησε στην παρακάτω ερώτηση. Κείμενο: {context} Ερώτηση: {question} Απάντηση:",
+        "hi": "इस प्रश्न का उत्तर दें। संदर्भ: {context} प्रश्न: {question} उत्तर:",
+        "ja": "次の文章の質問に答えなさい。文章: {context} 質問: {question} 答え:",
+        "sw": "Jibu swali lifuatalo. Makala: {context} Swali: {question} Jibu:",
+        "th": "ตอบคำถามอันต่อไปนี้ บทความ: {context} คำถาม: {question} คำตอบ:",
+    },
+}
+
+
+def read_records(path: str | Path, task: str) -> list[dict]:
+    """The task's JSONL records; a missing field or bad JSON is an error naming the file and line."""
+    if task not in TASKS:
+        raise CorpusError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.")
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file; expected JSONL records with fields {', '.join(FIELDS[task])}.")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{path}:{number}: not valid JSON ({exc.msg}).") from None
+        missing = [f for f in FIELDS[task] if f not in record]
+        if missing:
+            raise CorpusError(f"{path}:{number}: a {task} record needs {', '.join(missing)}.")
+        records.append(record)
+    if not records:
+        raise CorpusError(f"{path}: no records.")
+    return records
+
+
+def template_for(task: str, lang: str, templates: dict | None = None) -> str:
+    override = (templates or {}).get(task)
+    if override:
+        return override
+    if lang not in TEMPLATES[task]:
+        raise CorpusError(f"no shipped {task} template for {lang!r} (shipped: {', '.join(TEMPLATES[task])}); pass one.")
+    return TEMPLATES[task][lang]
+
+
+def continuation_logprob(model, tokenizer, prompt: str, continuations: Sequence[str]) -> list[float]:
+    """Sum of log-probabilities of each continuation's tokens after ``prompt`` (one batch, right-padded)."""
+    prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
+    sequences = []
+    for text in continuations:
+        full = tokenizer(prompt + text, add_special_tokens=True).input_ids
+        if full[: len(prompt_ids)] != prompt_ids:
+            # a token merged across the prompt/continuation boundary: keep the prompt's own tokens so every
+            # label is scored after the same context
+            full = prompt_ids + tokenizer(text, add_special_tokens=False).input_ids
+        sequences.append(full)
+    width = max(len(s) for s in sequences)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    with torch.no_grad():
+        logprobs = model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+    scores = []
+    for row, seq in enumerate(sequences):
+        positions = range(len(prompt_ids), len(seq))
+        scores.append(sum(float(logprobs[row, p - 1, seq[p]]) for p in positions))
+    return scores
+
+
+def nli_accuracy(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
+    template = template_for("nli", lang, templates)
+    labels = list((templates or {}).get("nli_labels") or NLI_LABELS.get(lang) or NLI_LABELS["en"])
+    correct, predictions = 0, []
+    for record in records:
+        gold = record["label"] if isinstance(record["label"], int) else labels.index(record["label"])
+        prompt = template.format(premise=record["premise"], hypothesis=record["hypothesis"])
+        scores = continuation_logprob(model, tokenizer, prompt, [" " + word for word in labels])
+        guess = max(range(len(labels)), key=scores.__getitem__)
+        predictions.append(guess)
+        correct += guess == gold
+    return {"task": "nli", "records": len(records), "accuracy": correct / len(records), "labels": labels}
+
+
+def generated_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    ids = generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY, stop_strings=["\n"])
+    return tokenizer.decode(ids, skip_special_tokens=True).strip().split("\n")[0].strip()
+
+
+def sum_rouge(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
+    template = template_for("sum", lang, templates)
+    scores = [
+        rouge_l(
+            generated_answer(model, tokenizer, template.format(text=r["text"]), MAX_NEW_TOKENS["sum"]), r["summary"]
+        )
+        for r in records
+    ]
+    return {"task": "sum", "records": len(records), "rouge_l": sum(scores) / len(scores)}
+
+
+def span_f1(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
+    template = template_for("span", lang, templates)
+    scores = []
+    for r in records:
+        prompt = template.format(context=r["context"], question=r["question"])
+        answer = generated_answer(model, tokenizer, prompt, MAX_NEW_TOKENS["span"])
+        scores.append(token_f1(answer, r["answers"], english=lang == "en"))
+    return {"task": "span", "records": len(records), "f1": sum(scores) / len(scores)}
+
+
+RUNNERS = {"nli": nli_accuracy, "sum": sum_rouge, "span": span_f1}

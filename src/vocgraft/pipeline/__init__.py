@@ -1,0 +1,1 @@
+"""The one-command pipeline: YAML config -> stages with reuse -> sweeps, report and recommendation."""

@@ -1,0 +1,133 @@
+"""Pipeline configuration: a YAML file, checked against a schema so that a typo fails before any work.
+
+    model: smollm2
+    corpus: ../shared/corpora/el/train.txt
+    heldout: ../shared/corpora/el/heldout.txt
+    lang: el
+    out: runs/el
+    sample: 8192                 # corpus lines for the tokenizer and the initialization
+    adapt: {mode: expand, new_tokens: 1000, init: align}
+    train: {strategy: lora, max_steps: 50, batch_size: 2}      # optional
+    eval: {limit: 200, mt: ../shared/corpora/parallel/en-el.tsv}
+    report: {tolerance: 0.02}
+
+Relative paths are relative to the directory the command runs in.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+REQUIRED = object()
+
+# key -> (type(s), default); a dict value is a nested section
+SCHEMA: dict[str, Any] = {
+    "model": (str, "smollm2"),
+    "corpus": (str, REQUIRED),
+    "heldout": (str, REQUIRED),
+    "lang": (str, None),
+    "out": (str, REQUIRED),
+    "seed": (int, 0),
+    "sample": (int, None),
+    "adapt": {
+        "mode": (str, "expand"),
+        "new_tokens": (int, 100),
+        "init": (str, "align"),
+        "aux_vocab_size": (int, 16000),
+        "vocab_size": (int, 50000),
+        "scripts": (str, "auto"),  # auto | any | comma-separated script names (tokenization.scripts)
+        "protect": (str, None),
+        "protect_lines": (int, 8192),
+    },
+    "train": {
+        "strategy": (str, "lora"),
+        "objective": (str, "clm"),
+        "seq_len": (int, 512),
+        "batch_size": (int, 8),
+        "grad_accum": (int, 1),
+        "max_steps": (int, 100),
+        "lr": ((int, float), 1e-4),
+        "warmup_steps": (int, 100),
+        "sample": (int, None),
+        "val_lines": (int, 256),
+    },
+    "eval": {
+        "limit": (int, 200),
+        "max_length": (int, 512),
+        "mt": (str, None),
+        "mt_limit": (int, 20),
+        "shots": (int, 3),
+        "prompts": (int, 0),
+        "max_new_tokens": (int, 32),
+    },
+    "report": {"tolerance": ((int, float), 0.02)},
+}
+OPTIONAL_SECTIONS = {"train"}  # absent = that stage is skipped
+MODES = ("expand", "replace")
+
+
+class ConfigError(ValueError):
+    """A pipeline config that cannot run; the message names the file and key."""
+
+
+def _check(section: dict, schema: dict, where: str, source: str) -> dict:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: {where or 'the file'} must be a mapping of keys to values.")
+    unknown = sorted(set(section) - set(schema))
+    if unknown:
+        allowed = ", ".join(sorted(schema))
+        raise ConfigError(f"{source}: unknown key '{where}{unknown[0]}'; allowed here: {allowed}.")
+    out = {}
+    for key, rule in schema.items():
+        name = f"{where}{key}"
+        if isinstance(rule, dict):
+            if key not in section and key in OPTIONAL_SECTIONS:
+                out[key] = None
+                continue
+            out[key] = _check(section.get(key) or {}, rule, f"{name}.", source)
+            continue
+        types, default = rule
+        if key not in section or section[key] is None:
+            if default is REQUIRED:
+                raise ConfigError(f"{source}: missing required key {name!r}.")
+            out[key] = default
+            continue
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            wanted = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+            raise ConfigError(f"{source}: {name} must be {wanted}; got {value!r}.")
+        out[key] = value
+    return out
+
+
+def validate(raw: dict, source: str = "config") -> dict:
+    """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys."""
+    from vocgraft.init import METHODS
+
+    config = _check(copy.deepcopy(raw), SCHEMA, "", source)
+    adapt = config["adapt"]
+    if adapt["mode"] not in MODES:
+        raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
+    if adapt["init"] not in METHODS:
+        raise ConfigError(f"{source}: adapt.init {adapt['init']!r} is not a method; choose from {sorted(METHODS)}.")
+    if adapt["new_tokens"] <= 0:
+        raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
+    for key in ("corpus", "heldout"):
+        if not Path(config[key]).exists():
+            raise ConfigError(f"{source}: {key} {config[key]!r} does not exist (paths are relative to where you run).")
+    return config
+
+
+def load_config(path: str | Path) -> dict:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file.")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
+    return validate(raw or {}, str(path))

@@ -1,0 +1,250 @@
+"""`vocgraft run config.yaml`: tokenizer -> adapt (expand or replace) -> train (optional) -> eval, with reuse.
+
+Each stage's output lives in ``<out>/stages/<stage>-<key>``, where the key hashes the stage's settings, the content
+of its input files and the keys of the stages it reads. A stage whose directory is complete (it holds
+``vocgraft-stage.json``, written last) is reused, so a re-run after a crash continues where it stopped and a sweep
+shares what its variants have in common (one tokenizer for every k and method; one source evaluation). Stages
+take a file lock while they build, so parallel sweep workers never build the same stage twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STAGE_FILE = "vocgraft-stage.json"
+
+
+@dataclass
+class Stage:
+    name: str
+    key: str
+    path: Path
+    reused: bool
+    seconds: float
+
+
+def fingerprint(path: str | Path) -> str:
+    """Content hash of a file (or of every file in a folder, by name): a changed corpus is a new stage."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def stage_key(name: str, params: dict) -> str:
+    text = json.dumps({"stage": name, **params}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the stage complete
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run_stage(root: Path, name: str, params: dict, build: Callable[[Path], dict | None]) -> Stage:
+    """Reuse ``<root>/stages/<name>-<key>`` if complete; else ``build(path)`` (which must create ``path``, or
+    leave it to us) and mark it complete. ``build`` may return facts for the stage file."""
+    key = stage_key(name, params)
+    path = root / "stages" / f"{name}-{key}"
+    with _locked(path):
+        if (path / STAGE_FILE).is_file():
+            return Stage(name, key, path, True, 0.0)
+        if path.exists():  # a crash after the stage's own rename, before it was marked: build it again
+            shutil.rmtree(path)
+        start = time.perf_counter()
+        facts = build(path) or {}
+        seconds = time.perf_counter() - start
+        path.mkdir(parents=True, exist_ok=True)
+        record = {"stage": name, "key": key, "params": params, "seconds": seconds, "facts": facts}
+        (path / STAGE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    return Stage(name, key, path, False, seconds)
+
+
+def stage_facts(stage: Stage) -> dict:
+    return json.loads((stage.path / STAGE_FILE).read_text(encoding="utf-8"))["facts"]
+
+
+def run_pipeline(config: dict) -> dict:
+    """Run (or reuse) every stage of ``config``; returns the measurements of the adapted model and the source."""
+    from vocgraft.corpus import read_lines
+    from vocgraft.models import load_tokenizer
+
+    root = Path(config["out"])
+    adapt, seed = config["adapt"], config["seed"]
+    inputs = {"model": config["model"], "corpus": fingerprint(config["corpus"]), "sample": config["sample"]}
+    evaluation = dict(config["eval"], heldout=fingerprint(config["heldout"]), lang=config["lang"])
+    stages: list[Stage] = []
+
+    def stage(name: str, params: dict, build: Callable[[Path], dict | None]) -> Stage:
+        stages.append(run_stage(root, name, params, build))
+        return stages[-1]
+
+    def lines() -> list[str]:
+        return read_lines(config["corpus"], sample=config["sample"], seed=seed)
+
+    source_eval = stage(
+        "eval-source", {"model": config["model"], **evaluation}, lambda p: _evaluate(config["model"], None, config, p)
+    )
+    vocab = adapt["aux_vocab_size"] if adapt["mode"] == "expand" else adapt["vocab_size"]
+    tokenizer = stage(
+        "tokenizer",
+        {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab},
+        lambda p: _train_tokenizer(config, lines(), p),
+    )
+    adapt_params = dict(adapt, protect=fingerprint(adapt["protect"]) if adapt["protect"] else None, seed=seed)
+    final = stage(
+        "adapt",
+        {**inputs, **adapt_params, "tokenizer": tokenizer.key},
+        lambda p: _adapt(config, lines(), tokenizer.path, p),
+    )
+    if config["train"] is not None:
+        adapted = final
+        final = stage(
+            "train",
+            {**config["train"], "corpus": inputs["corpus"], "model": adapted.key, "seed": seed},
+            lambda p: _train(config, adapted.path, p),
+        )
+    model_eval = stage(
+        "eval", {"model": final.key, **evaluation}, lambda p: _evaluate(str(final.path), config["model"], config, p)
+    )
+
+    source, result = stage_facts(source_eval), stage_facts(model_eval)
+    size = len(load_tokenizer(str(final.path)))
+    return {
+        "mode": adapt["mode"],
+        "new_tokens": adapt["new_tokens"] if adapt["mode"] == "expand" else None,
+        "init": adapt["init"],
+        "train": config["train"],
+        "vocab_size": size,
+        "model_dir": str(final.path),
+        "source": source,
+        "adapted": result,
+        "speedup": result["speedup"],
+        "bits_per_byte": result["bits_per_byte"],
+        "source_bits_per_byte": source["bits_per_byte"],
+        "stages": [asdict(s) | {"path": str(s.path)} for s in stages],
+    }
+
+
+def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
+    from vocgraft.models import load_tokenizer
+    from vocgraft.recipes.expand import train_aux_tokenizer
+    from vocgraft.recipes.replace import target_tokenizer_for
+
+    source = load_tokenizer(config["model"])
+    adapt = config["adapt"]
+    if adapt["mode"] == "expand":
+        tokenizer = train_aux_tokenizer(source, lines, adapt["aux_vocab_size"], config["seed"])
+    else:
+        tokenizer = target_tokenizer_for(source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"])
+    tokenizer.save_pretrained(path)
+    return {"size": len(tokenizer), "lines": len(lines)}
+
+
+def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
+    from vocgraft.corpus import read_lines
+    from vocgraft.recipes.expand import expand_model
+    from vocgraft.recipes.replace import replace_model
+
+    adapt = config["adapt"]
+    if adapt["mode"] == "replace":
+        _, result = replace_model(
+            config["model"], lines, adapt["init"], path, tokenizer_spec=str(tokenizer_dir), seed=config["seed"]
+        )
+        return {"plan": result.plan.summary(), "timings": result.timings}
+    protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
+    scripts = {"auto": "auto", "any": None}.get(adapt["scripts"], [x.strip() for x in adapt["scripts"].split(",")])
+    _, result = expand_model(
+        config["model"],
+        lines,
+        adapt["new_tokens"],
+        adapt["init"],
+        path,
+        aux_tokenizer_spec=str(tokenizer_dir),
+        protect=protect,
+        scripts=scripts,
+        seed=config["seed"],
+    )
+    return {"plan": result.plan.summary(), "timings": result.timings}
+
+
+def _train(config: dict, model_dir: Path, path: Path) -> dict:
+    from vocgraft.train.lapt import TrainConfig, train
+
+    settings = dict(config["train"], seed=config["seed"], show_progress=False)
+    # resume: a run killed mid-training continues from its last checkpoint (<stage>.checkpoints)
+    summary = train(TrainConfig(model=str(model_dir), corpus=config["corpus"], out=str(path), resume=True, **settings))
+    return {k: summary[k] for k in ("steps", "tokens_per_second", "val_loss_start", "val_loss_end", "train_seconds")}
+
+
+def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -> dict:
+    """Tokens/line, bits/byte and its uniform reference (+ speedup vs ``baseline``'s tokenizer, MT and generation
+    speed when configured), written to ``eval.json`` in ``path``."""
+    from vocgraft.cli import run_eval, write_json
+    from vocgraft.eval.downstream import new_token_ids
+
+    ev = config["eval"]
+    result = run_eval(model_spec, config["heldout"], baseline=baseline, limit=ev["limit"], max_length=ev["max_length"])
+    facts = {
+        "tokens_per_line": result["tokenizer"]["tokens_per_line_mean"],
+        "bits_per_byte": result["bpb"]["bits_per_byte"],
+        "uniform_bits_per_byte": result["bpb"]["uniform_bits_per_byte"],
+        "speedup": result.get("speedup", 1.0),
+    }
+    new_ids = new_token_ids(model_spec)
+    if new_ids is not None:  # the share of the new tokens the held-out text actually uses
+        from vocgraft.corpus import read_lines
+        from vocgraft.eval import encode_lines
+        from vocgraft.models import load_tokenizer
+
+        text = read_lines(config["heldout"], limit=ev["limit"])
+        used = {t for ids in encode_lines(load_tokenizer(model_spec), text) for t in ids} & new_ids
+        facts["new_tokens_used_share"] = len(used) / max(len(new_ids), 1)
+    if ev["mt"] or ev["prompts"]:
+        facts["downstream"] = _downstream(model_spec, config)
+    path.mkdir(parents=True, exist_ok=True)
+    write_json(path / "eval.json", {"summary": facts, "full": result})
+    return facts
+
+
+def _downstream(model_spec: str, config: dict) -> dict:
+    from vocgraft.corpus import read_lines
+    from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream
+    from vocgraft.eval.generation import prompts_from_lines
+    from vocgraft.eval.mt import read_pairs
+
+    ev = config["eval"]
+    spec = DownstreamSpec(
+        lang=config["lang"] or "xx",
+        prompts=prompts_from_lines(read_lines(config["heldout"], limit=ev["prompts"])) if ev["prompts"] else [],
+        max_new_tokens=ev["max_new_tokens"],
+        mt_pairs=read_pairs(ev["mt"]) if ev["mt"] else [],
+        mt_directions=("en-xx",),
+        mt_shots=ev["shots"],
+        mt_limit=ev["mt_limit"],
+    )
+    result = evaluate_downstream(model_spec, spec)
+    summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
+    for g in result["generation"]:
+        summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
+        summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]
+    return summary

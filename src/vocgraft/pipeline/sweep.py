@@ -1,0 +1,155 @@
+"""`vocgraft sweep config.yaml --k ... --init ... [--sizes ...]`: the pipeline over a grid, a report and a
+recommendation.
+
+The recommendation is the setting with the largest speedup whose bits/byte stays within ``tolerance`` (relative)
+of the source model's on the same held-out text; when none does, the report says so and names the closest one.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import multiprocessing
+import re
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from vocgraft.pipeline.config import ConfigError
+from vocgraft.pipeline.run import run_pipeline
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    """``50,100,500`` or ``2^10..2^15`` (every power of two in the range)."""
+    text = text.replace(" ", "")
+    span = re.fullmatch(r"2\^(\d+)\.\.2\^(\d+)", text)
+    if span:
+        low, high = int(span.group(1)), int(span.group(2))
+        if low > high:
+            raise ConfigError(f"--{name} {text}: the range is empty.")
+        return [2**e for e in range(low, high + 1)]
+    try:
+        values = [_int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ConfigError(f"--{name} {text!r}: expected integers like 50,100 or a range like 2^10..2^15.") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"--{name} {text!r}: expected positive integers.")
+    return values
+
+
+def _int(text: str) -> int:
+    return 2 ** int(text[2:]) if text.startswith("2^") else int(text)
+
+
+def variants(config: dict, ks: list[int], inits: list[str], sizes: list[int] | None) -> list[dict]:
+    """One config per (k, init[, |D|]); expansion varies k, replacement ignores it (one k)."""
+    if sizes and config["train"] is None:
+        raise ConfigError("--sizes varies the LAPT corpus size |D|: the config needs a train section.")
+    if config["adapt"]["mode"] == "replace":
+        ks = [config["adapt"]["new_tokens"]]
+    out = []
+    for k, init, size in itertools.product(ks, inits, sizes or [None]):
+        variant = copy.deepcopy(config)
+        variant["adapt"].update(new_tokens=k, init=init)
+        if size is not None:
+            variant["train"]["sample"] = size
+        out.append(variant)
+    return out
+
+
+def recommend(points: list[dict], tolerance: float) -> dict:
+    """The largest-speedup point within ``tolerance`` of the source's bits/byte (relative), or the closest one."""
+    if not points:
+        raise ValueError("no sweep points to recommend from.")
+    limit = points[0]["source_bits_per_byte"] * (1 + tolerance)
+    within = [p for p in points if p["bits_per_byte"] <= limit]
+    if within:
+        best = max(within, key=lambda p: (p["speedup"], -p["bits_per_byte"]))
+        return {"point": best, "within_tolerance": True, "limit": limit}
+    closest = min(points, key=lambda p: p["bits_per_byte"])
+    return {"point": closest, "within_tolerance": False, "limit": limit}
+
+
+def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | None = None, jobs: int = 1) -> dict:
+    from vocgraft.init import METHODS
+
+    unknown = [i for i in inits if i not in METHODS]
+    if unknown:
+        raise ConfigError(f"--init {unknown[0]!r} is not a method; choose from {sorted(METHODS)}.")
+    grid = variants(config, ks, inits, sizes)
+    if jobs > 1:
+        # spawn, not fork: a forked child of a process that already ran torch's OpenMP threads can hang
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            points = list(pool.map(run_pipeline, grid))
+    else:
+        points = [run_pipeline(v) for v in grid]
+    for point in points:
+        point["train_sample"] = point["train"]["sample"] if point["train"] else None
+    tolerance = config["report"]["tolerance"]
+    return {"config": config, "points": points, "recommendation": recommend(points, tolerance), "tolerance": tolerance}
+
+
+def write_report(sweep: dict, out_dir: str | Path) -> Path:
+    """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
+    from vocgraft.cli import write_json
+    from vocgraft.report import markdown_table, size_quality_png, speedup_quality_png
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    points, rec = sweep["points"], sweep["recommendation"]
+    config = sweep["config"]
+    source_bpb = points[0]["source_bits_per_byte"]
+    (out / "speedup_vs_bpb.png").write_bytes(speedup_quality_png(points, source_bpb, sweep["tolerance"]))
+    sized = [p for p in points if p["train_sample"] is not None]
+    if sized:
+        (out / "bpb_vs_size.png").write_bytes(size_quality_png(sized, source_bpb))
+    rows = [
+        [
+            p["new_tokens"] if p["new_tokens"] is not None else "–",
+            p["init"],
+            p["train_sample"] if p["train_sample"] is not None else "–",
+            p["vocab_size"],
+            p["adapted"]["tokens_per_line"],
+            p["speedup"],
+            p["bits_per_byte"],
+            p["adapted"]["uniform_bits_per_byte"],
+            p["bits_per_byte"] / source_bpb - 1,
+            p["adapted"].get("new_tokens_used_share", "–"),
+            p["adapted"].get("downstream", {}).get(f"chrf_en-{config['lang'] or 'xx'}", "–"),
+        ]
+        for p in points
+    ]
+    header = ["k", "init", "|D|", "vocab", "tokens/line", "speedup", "bits/byte", "uniform", "vs source"]
+    header += ["new tokens used", "chrF en-xx"]
+    best = rec["point"]
+    setting = f"k={best['new_tokens']}, init={best['init']}" + (
+        f", |D|={best['train_sample']}" if best["train_sample"] is not None else ""
+    )
+    verdict = (
+        f"**Recommendation: {setting}** — speedup {best['speedup']:.2f}x at {best['bits_per_byte']:.3f} bits/byte, "
+        f"within {sweep['tolerance']:.0%} of the source's {source_bpb:.3f} (limit {rec['limit']:.3f})."
+        if rec["within_tolerance"]
+        else f"**No setting stays within {sweep['tolerance']:.0%} of the source's {source_bpb:.3f} bits/byte** "
+        f"(limit {rec['limit']:.3f}). Closest: {setting} at {best['bits_per_byte']:.3f} (speedup "
+        f"{best['speedup']:.2f}x); train longer (a train section) or accept a larger tolerance."
+    )
+    src = points[0]["source"]
+    text = [
+        f"# vocgraft sweep: {config['model']} on {config['corpus']}\n",
+        verdict + "\n",
+        f"Source: {src['tokens_per_line']:.1f} tokens/line, {source_bpb:.3f} bits/byte on the first "
+        f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}; "
+        + (
+            "with LAPT " + ", ".join(f"{k}={v}" for k, v in config["train"].items())
+            if config["train"]
+            else "no training"
+        )
+        + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
+        "knows only the tokenizer.\n",
+        markdown_table(header, rows),
+        "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
+    ]
+    if sized:
+        text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
+    (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    write_json(out / "report.json", sweep)
+    return out / "report.md"

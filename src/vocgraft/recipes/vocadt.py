@@ -1,0 +1,99 @@
+"""`vocgraft vocadt`: replace the tokenizer and learn the new embeddings as adapters over the frozen model.
+
+target tokenizer (given, or trained on the corpus mix) -> plan (overlap by canonical bytes) -> adapter A0 per
+matrix -> adapter training with the LAPT trainer (strategy ``vocadt``: only A trains) -> ``A @ E_old`` grafted
+into a plain model with the new vocabulary.
+
+    vocadt_model(VocadtSettings(alpha=0.1), TrainConfig(model="smollm2", corpus="el.txt", out="out/el-vocadt"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from vocgraft.train.data import TrainingError
+from vocgraft.train.lapt import PreparedModel, TrainConfig, train
+
+
+@dataclass
+class VocadtSettings:
+    tokenizer: str | None = None  # the target tokenizer; default: train one on the corpus (mix)
+    kind: str | None = None  # kind of the trained target tokenizer (default: the source's family)
+    vocab_size: int = 50000
+    alpha: float = 0.1  # aux-loss weight; paper 004: 0.1 for non-Latin scripts, 0 for Latin
+    candidates: int | None = 64  # K nearest old rows per new row (sparse form); None: the dense adapter
+    untie_head: bool = False  # tied source: give the head its own adapter (the saved model is then untied)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
+    """Build the adapters, train them, save the merged model to ``config.out``; returns the training summary
+    with the adapter's facts under ``"vocadt"``."""
+    from vocgraft.corpus import read_corpus
+    from vocgraft.models import load_model, load_tokenizer
+    from vocgraft.outdir import check_writable
+    from vocgraft.plan import VocabPlan
+    from vocgraft.recipes.replace import target_tokenizer_for
+    from vocgraft.surgery import graft, untie_head
+    from vocgraft.train.strategies import ADAPTERS
+    from vocgraft.train.vocadt import adapter_memory, adapter_start, attach_adapters, aux_loss, merged_weights
+
+    if settings.alpha < 0:
+        raise TrainingError(f"--alpha must be >= 0; got {settings.alpha}.")
+    if config.objective != "clm":
+        raise TrainingError("VocADT trains with the CLM objective only (the MTP head would need its own adapter).")
+    check_writable(config.out, config.overwrite)  # before minutes of work
+    config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
+    timings = {}
+    start = time.perf_counter()
+    model, source_tokenizer = load_model(config.model)
+    given = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+    lines = [] if given else read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
+    target = target_tokenizer_for(
+        source_tokenizer, lines, given, kind=settings.kind, vocab_size=settings.vocab_size, seed=config.seed
+    )
+    plan = VocabPlan.from_tokenizers(source_tokenizer, target, "replace")
+    timings["tokenizer_and_plan_seconds"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if settings.untie_head and head is not None and head.weight is emb.weight:
+        untie_head(model)
+    tied = head is not None and head.weight is emb.weight
+    build = dict(candidates=settings.candidates, seed=config.seed)
+    input_start = adapter_start(emb.weight, plan, source_tokenizer, target, **build)
+    head_start = None if tied or head is None else adapter_start(head.weight, plan, source_tokenizer, target, **build)
+    adapters = attach_adapters(model, input_start, head_start)
+    timings["adapter_init_seconds"] = time.perf_counter() - start
+
+    width = input_start.weight.shape[1] if settings.candidates is not None else None
+    facts = {
+        "form": "dense" if settings.candidates is None else "sparse",
+        "adapters": len(adapters),
+        "width": width,
+        "rows_started_as": input_start.counts,
+        "overlap": len(plan.copied),
+        "memory": adapter_memory(len(plan.target_tokens), len(plan.source_tokens), width, adapters=len(adapters)),
+        "timings": timings,
+    }
+    everything_new = dataclasses.replace(plan, copied={}, match_kind={})  # every row now comes from A @ E_old
+
+    def merge(trained):
+        new_input, new_head = merged_weights(trained)
+        return graft(trained, everything_new, new_input, new_head, target)
+
+    prepared = PreparedModel(
+        model,
+        target,
+        extra_loss=aux_loss(adapters, settings.alpha),
+        finalize=merge,
+        manifest={"method": {"stage": "vocadt", **settings.as_dict()}, "plan": plan.summary(), "vocadt": facts},
+        extra_json={"vocgraft-plan.json": plan.to_dict()},
+    )
+    summary = train(config, prepared)
+    summary["vocadt"] = facts
+    return summary

@@ -1,0 +1,243 @@
+"""VocADT (paper 004): new embeddings learned as combinations of the frozen old ones, ``E_new = A @ E_old``.
+
+The adapter ``A`` (|Vnew| x |Vold|) starts as (§3.2)
+
+- a one-hot row for a token the old vocabulary already has (the plan's copied tokens),
+- ``1/m`` on each of the ``m`` old pieces that spell a new token byte for byte (a piece that occurs twice counts
+  twice, so the row is exactly the Mean initialization's average),
+- a uniform random row normalized to sum 1 for a token the old tokenizer cannot spell,
+
+and is trained with the LM loss through the frozen model, plus ``alpha`` times the mean L2 distance of the
+overlapping rows from their start (§3.3).
+
+Two forms of ``A``:
+
+- **dense**: the full matrix, as in the paper. For SmolLM2 (50K x 49K) that is 9.8 GB in fp32 and four times
+  that with its gradient and AdamW's two states: a large-GPU form.
+- **sparse** (default): each row keeps weights on a candidate set only: its initial support plus its K nearest
+  old rows by cosine to the initial row, stored as ``[Vnew, W]`` index and weight tensors and applied with
+  ``embedding_bag`` (no ``[Vnew, W, hidden]`` gather). A token the old tokenizer cannot spell gets K random
+  candidates with normalized uniform weights (the dense form's uniform row, restricted to K columns).
+
+The adapter is a ``torch.nn.utils.parametrize`` parametrization of the embedding (and head) weight, so the model
+keeps its own classes and forward; ``merged_weights`` computes ``A @ E_old`` for saving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+from vocgraft.train.data import TrainingError
+
+ADAPTER_PARAM = "adapter_weights"  # the only parameters VocADT trains (strategies.configure looks for this name)
+SIMILARITY_BLOCK = 2048  # rows of Vnew per cosine block when searching neighbours: 2048 x |Vold| floats at a time
+
+
+@dataclass
+class AdapterStart:
+    """The initial adapter A0 of one vocabulary, before any training."""
+
+    index: torch.Tensor | None  # [Vnew, W] old ids (sparse form); None for the dense form
+    weight: torch.Tensor  # [Vnew, W] sparse, or [Vnew, Vold] dense
+    overlap_rows: torch.Tensor  # new ids of the tokens shared with the old vocabulary (the aux loss's rows)
+    counts: dict[str, int]  # how many rows started as one-hot / pieces / uniform
+
+
+def initial_supports(
+    plan: Any, source_tokenizer: Any, target_tokenizer: Any
+) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """Per new id: the old ids and weights of its initial row, and which of the three cases it is."""
+    from vocgraft.init.mean import source_pieces, target_forms
+
+    n_old = len(plan.source_tokens)
+    forms = target_forms(plan, range(len(plan.target_tokens)), target_tokenizer)
+    ids: list[list[int]] = []
+    weights: list[list[float]] = []
+    kinds: list[str] = []
+    for new_id, form in enumerate(forms):
+        if new_id in plan.copied:
+            ids.append([plan.copied[new_id]])
+            weights.append([1.0])
+            kinds.append("one-hot")
+            continue
+        pieces, exact = source_pieces(source_tokenizer, form, n_old) if form else ([], False)
+        if exact and pieces:
+            ids.append(pieces)
+            weights.append([1.0 / len(pieces)] * len(pieces))
+            kinds.append("pieces")
+        else:
+            ids.append([])
+            weights.append([])
+            kinds.append("uniform")
+    return ids, weights, kinds
+
+
+def adapter_start(
+    old_matrix: torch.Tensor,
+    plan: Any,
+    source_tokenizer: Any,
+    target_tokenizer: Any,
+    *,
+    candidates: int | None = 64,
+    seed: int = 0,
+) -> AdapterStart:
+    """A0 for ``old_matrix`` (input embeddings or LM head, ``[Vold(+padding), hidden]``).
+
+    ``candidates=None`` gives the dense form; otherwise each row's K nearest old rows join its support.
+    """
+    old = old_matrix[: len(plan.source_tokens)].detach().float()
+    ids, weights, kinds = initial_supports(plan, source_tokenizer, target_tokenizer)
+    counts = {kind: kinds.count(kind) for kind in ("one-hot", "pieces", "uniform")}
+    overlap = torch.tensor(sorted(plan.copied), dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    uniform = [row for row, kind in enumerate(kinds) if kind == "uniform"]
+    if candidates is None:
+        dense = torch.zeros(len(ids), old.shape[0])
+        rows = torch.tensor([r for r, cols in enumerate(ids) for _ in cols], dtype=torch.long)
+        cols = torch.tensor([c for cols in ids for c in cols], dtype=torch.long)
+        dense.index_put_((rows, cols), torch.tensor([w for ws in weights for w in ws]), accumulate=True)
+        if uniform:
+            u = torch.rand(len(uniform), old.shape[0], generator=generator)
+            dense[uniform] = u / u.sum(dim=1, keepdim=True)
+        return AdapterStart(None, dense, overlap, counts)
+    if candidates <= 0:
+        raise TrainingError(f"--max-candidates must be positive; got {candidates}.")
+    k = min(candidates, old.shape[0])
+    # a row's first columns hold its support (padded by repeating a support id with weight 0: a duplicate column
+    # changes nothing and needs no mask), the last k its candidates: nearest old rows, or for a token the old
+    # tokenizer cannot spell, k distinct random old ids carrying its normalized uniform weights
+    width = max([len(cols) for cols in ids if cols], default=1)
+    neighbours = torch.empty(len(ids), k, dtype=torch.long)
+    neighbour_w = torch.zeros(len(ids), k)
+    for row in uniform:
+        neighbours[row] = torch.randperm(old.shape[0], generator=generator)[:k]
+        u = torch.rand(k, generator=generator)
+        neighbour_w[row] = u / u.sum()
+        ids[row] = [int(neighbours[row, 0])]  # padding for its support columns
+        weights[row] = [0.0]
+    support = torch.tensor([cols + [cols[0]] * (width - len(cols)) for cols in ids], dtype=torch.long)
+    support_w = torch.tensor([ws + [0.0] * (width - len(ws)) for ws in weights])
+    spelled_rows = torch.tensor([kind != "uniform" for kind in kinds]).nonzero().squeeze(1)
+    if len(spelled_rows):
+        start_rows = F.embedding_bag(support[spelled_rows], old, per_sample_weights=support_w[spelled_rows], mode="sum")
+        neighbours[spelled_rows] = nearest_rows(start_rows, old, k, exclude=support[spelled_rows])
+    index = torch.cat([support, neighbours], dim=1)
+    weight = torch.cat([support_w, neighbour_w], dim=1)
+    return AdapterStart(index, weight, overlap, counts)
+
+
+def nearest_rows(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude: torch.Tensor) -> torch.Tensor:
+    """Ids of the ``k`` rows of ``keys`` most cosine-similar to each query, skipping the ids in ``exclude``.
+
+    Blocked over queries so only ``SIMILARITY_BLOCK x |keys|`` similarities exist at once. When fewer than k
+    keys remain after exclusion the tail repeats excluded ids (they get weight 0, so nothing changes)."""
+    keys_n = F.normalize(keys, dim=1)
+    out = torch.empty(len(queries), k, dtype=torch.long)
+    for start in range(0, len(queries), SIMILARITY_BLOCK):
+        stop = start + SIMILARITY_BLOCK
+        sims = F.normalize(queries[start:stop], dim=1) @ keys_n.T
+        sims.scatter_(1, exclude[start:stop], float("-inf"))
+        out[start:stop] = sims.topk(k, dim=1).indices
+    return out
+
+
+class VocabAdapter(torch.nn.Module):
+    """Parametrization ``E_old -> A @ E_old`` of an embedding or head weight; owns A and its start for the aux loss."""
+
+    def __init__(self, start: AdapterStart):
+        super().__init__()
+        self.sparse = start.index is not None
+        self.register_buffer("index", start.index if self.sparse else torch.empty(0, dtype=torch.long))
+        self.register_parameter(ADAPTER_PARAM, torch.nn.Parameter(start.weight.clone()))
+        self.register_buffer("overlap_rows", start.overlap_rows)
+        self.register_buffer("overlap_start", start.weight[start.overlap_rows].clone())
+
+    @property
+    def adapter(self) -> torch.Tensor:
+        return getattr(self, ADAPTER_PARAM)
+
+    def forward(self, old: torch.Tensor) -> torch.Tensor:
+        weight = self.adapter.to(old.dtype)
+        if self.sparse:
+            return F.embedding_bag(self.index, old, per_sample_weights=weight, mode="sum")
+        return weight @ old
+
+    def aux_loss(self) -> torch.Tensor:
+        """Mean L2 distance of the overlapping tokens' rows from their start (paper 004 eq. 4); 0 at the start."""
+        if len(self.overlap_rows) == 0:
+            return self.adapter.sum() * 0.0
+        drift = self.adapter[self.overlap_rows] - self.overlap_start
+        return torch.linalg.vector_norm(drift, dim=1).mean()
+
+
+def attach_adapters(model: Any, input_start: AdapterStart, head_start: AdapterStart | None) -> list[VocabAdapter]:
+    """Put the adapters on the model's embedding (and head) weights; the model then speaks the new vocabulary.
+
+    ``head_start=None`` on a tied model: one adapter serves both, so the model stays tied. An untied model needs
+    a head adapter (built in head space)."""
+    emb = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is emb.weight
+    if not tied and head is not None and head_start is None:
+        raise TrainingError("the model's LM head is untied: VocADT needs a head adapter built from the head's rows.")
+    n_new = input_start.weight.shape[0]
+    adapters = [VocabAdapter(input_start)]
+    parametrize.register_parametrization(emb, "weight", adapters[0], unsafe=True)  # unsafe: rows change count
+    emb.num_embeddings = n_new
+    if head is not None:
+        if head_start is None:
+            head_adapter = adapters[0]
+        else:
+            head_adapter = VocabAdapter(head_start)
+            adapters.append(head_adapter)
+        if getattr(head, "bias", None) is not None:
+            raise TrainingError("VocADT does not support an LM head with a bias (its rows would need an adapter too).")
+        parametrize.register_parametrization(head, "weight", head_adapter, unsafe=True)
+        head.out_features = n_new
+    return adapters
+
+
+def aux_loss(adapters: Sequence[VocabAdapter], alpha: float):
+    """``alpha`` x the sum of the adapters' aux losses, as a callable for the trainer (None when alpha is 0)."""
+    if alpha == 0:
+        return None
+    return lambda: alpha * sum(adapter.aux_loss() for adapter in adapters)
+
+
+def merged_weights(model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``A @ E_old`` (and ``A_out @ H_old`` when the head has its own adapter), then the adapters are removed and
+    the model holds its old matrices again, ready for ``surgery.graft``."""
+    emb = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        new_input = emb.weight.detach().clone()
+        own_head = head is not None and head.parametrizations.weight[0] is not emb.parametrizations.weight[0]
+        new_head = head.weight.detach().clone() if own_head else None
+    # leave_parametrized=False: the old matrix goes back as it was (with True, torch would write A @ E_old into
+    # the old Parameter in place, and a tied head shares that Parameter)
+    for module in (emb, head):
+        if module is not None and parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+    emb.num_embeddings = emb.weight.shape[0]
+    if head is not None:
+        head.out_features = head.weight.shape[0]
+    return new_input, new_head
+
+
+def adapter_memory(n_new: int, n_old: int, width: int | None, *, adapters: int = 1) -> dict[str, int]:
+    """Bytes of the adapters' training state in fp32: weights, gradient and AdamW's two moments (the sparse form
+    adds its int64 index). The dense form's figures are computed, never allocated; ``width=None``: dense only."""
+    per_entry = 4 * 4
+    memory = {
+        "dense_weight_bytes": adapters * n_new * n_old * 4,
+        "dense_training_bytes": adapters * n_new * n_old * per_entry,
+    }
+    if width is not None:
+        memory["sparse_training_bytes"] = adapters * n_new * width * (per_entry + 8)
+    return memory

@@ -1,0 +1,136 @@
+"""`vocgraft run` / `sweep` / `demo` on a tiny model: config errors, stage reuse, the report and its recommendation."""
+
+import json
+
+import pytest
+import yaml
+from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
+
+from vocgraft.cli import main
+from vocgraft.pipeline.config import ConfigError, validate
+from vocgraft.pipeline.run import run_pipeline
+from vocgraft.pipeline.sweep import parse_ints, recommend, run_sweep, write_report
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    tokenizer = tiny_bytelevel_tokenizer()
+    model = tiny_llama(len(tokenizer), tied=True)
+    model.save_pretrained(root / "source")
+    tokenizer.save_pretrained(root / "source")
+    (root / "el.txt").write_text("\n".join(lines("el", 300)) + "\n", encoding="utf-8")
+    (root / "heldout.txt").write_text("\n".join(lines("el", 340)[300:]) + "\n", encoding="utf-8")
+    return root
+
+
+def config_for(root, out, **adapt):
+    return {
+        "model": str(root / "source"),
+        "corpus": str(root / "el.txt"),
+        "heldout": str(root / "heldout.txt"),
+        "lang": "el",
+        "out": str(out),
+        "adapt": {"mode": "expand", "new_tokens": 10, "init": "mean", "aux_vocab_size": 600, **adapt},
+        "eval": {"limit": 20, "max_length": 64},
+    }
+
+
+def test_config_errors_name_the_key(workspace, tmp_path):
+    good = config_for(workspace, tmp_path / "out")
+    assert validate(good)["train"] is None and validate(good)["report"]["tolerance"] == 0.02
+    cases = [
+        ({**good, "corpsu": "x"}, "unknown key 'corpsu'"),
+        ({**good, "adapt": {**good["adapt"], "new_tokens": "many"}}, "adapt.new_tokens must be int"),
+        ({k: v for k, v in good.items() if k != "heldout"}, "missing required key 'heldout'"),
+        ({**good, "adapt": {**good["adapt"], "mode": "swap"}}, "adapt.mode must be one of expand, replace"),
+        ({**good, "adapt": {**good["adapt"], "init": "magic"}}, "adapt.init 'magic' is not a method"),
+        ({**good, "corpus": str(tmp_path / "missing.txt")}, "corpus .* does not exist"),
+        ({**good, "train": {"max_stpes": 3}}, r"unknown key 'train\.max_stpes'"),
+    ]
+    for raw, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            validate(raw, "cfg.yaml")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**good, "adapt": {"init": "magic"}}), encoding="utf-8")
+    assert main(["run", str(path)]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_rerunning_a_finished_pipeline_recomputes_nothing_and_a_crash_resumes(workspace, tmp_path):
+    config = validate(config_for(workspace, tmp_path / "out") | {"train": {"max_steps": 2, "batch_size": 2,
+                                                                         "seq_len": 32, "val_lines": 8}})  # fmt: skip
+    first = run_pipeline(config)
+    assert [s["name"] for s in first["stages"]] == ["eval-source", "tokenizer", "adapt", "train", "eval"]
+    assert not any(s["reused"] for s in first["stages"])
+    again = run_pipeline(config)
+    assert all(s["reused"] for s in again["stages"])
+    assert again["bits_per_byte"] == first["bits_per_byte"] and again["speedup"] == first["speedup"] > 1
+    # a crash during evaluation: its directory exists but was never marked complete
+    eval_dir = tmp_path / "out" / "stages" / f"eval-{first['stages'][-1]['key']}"
+    (eval_dir / "vocgraft-stage.json").unlink()
+    resumed = run_pipeline(config)
+    assert [s["reused"] for s in resumed["stages"]] == [True, True, True, True, False]
+    # a changed setting is a new stage; everything upstream is reused
+    changed = run_pipeline(validate(config | {"eval": {**config["eval"], "limit": 10}}))
+    assert [s["reused"] for s in changed["stages"]] == [False, True, True, True, False]
+
+
+def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace, tmp_path):
+    config = validate(config_for(workspace, tmp_path / "sweep"))
+    sweep = run_sweep(config, [5, 20], ["mean", "random"])
+    assert len(sweep["points"]) == 4
+    built = [s["name"] for p in sweep["points"] for s in p["stages"] if not s["reused"]]
+    assert built.count("tokenizer") == 1 and built.count("eval-source") == 1 and built.count("adapt") == 4
+    report = write_report(sweep, tmp_path / "sweep")
+    text = report.read_text()
+    assert "Recommendation" in text and "![speedup vs bits/byte](speedup_vs_bpb.png)" in text
+    assert (tmp_path / "sweep" / "speedup_vs_bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    assert saved["recommendation"]["point"]["init"] in ("mean", "random")
+
+
+def test_recommendation_picks_the_fastest_setting_within_tolerance():
+    def point(k, speedup, bpb):
+        return {"new_tokens": k, "init": "mean", "speedup": speedup, "bits_per_byte": bpb, "source_bits_per_byte": 2.0}
+
+    points = [point(50, 1.1, 1.99), point(500, 1.5, 2.03), point(5000, 1.9, 2.3)]
+    rec = recommend(points, 0.02)  # limit 2.04
+    assert rec["within_tolerance"] and rec["point"]["new_tokens"] == 500
+    assert recommend(points, 0.2)["point"]["new_tokens"] == 5000
+    none = recommend([point(500, 1.5, 2.5), point(50, 1.1, 2.1)], 0.02)
+    assert not none["within_tolerance"] and none["point"]["new_tokens"] == 50  # the closest in quality
+
+
+def test_parse_ints():
+    assert parse_ints("50,100, 500", "k") == [50, 100, 500]
+    assert parse_ints("2^10..2^12", "sizes") == [1024, 2048, 4096]
+    assert parse_ints("2^3,9", "k") == [8, 9]
+    with pytest.raises(ConfigError, match="expected integers"):
+        parse_ints("a,b", "k")
+
+
+def test_sweep_cli_with_sizes_needs_a_train_section(workspace, tmp_path, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config_for(workspace, tmp_path / "o")), encoding="utf-8")
+    assert main(["sweep", str(path), "--k", "5", "--init", "mean", "--sizes", "2^5..2^6"]) == 2
+    assert "needs a train section" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--k", "5,10", "--init", "mean", "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "Recommendation" in printed
+    # two workers share one tokenizer and one source evaluation (the stage lock): 1 + 1 + 2 adapt + 2 eval built
+    assert "6 stages built, 2 reused" in printed
+
+
+def test_example_configs_are_valid():
+    from pathlib import Path
+
+    from vocgraft.corpus import SHARED_CORPORA
+
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        # the examples name ../shared/corpora as seen from the repository root; follow VOCGRAFT_CORPORA if set
+        text = path.read_text(encoding="utf-8").replace("../shared/corpora", str(SHARED_CORPORA))
+        config = validate(yaml.safe_load(text), str(path))
+        assert config["adapt"]["mode"] in ("expand", "replace")
