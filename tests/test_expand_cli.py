@@ -3,20 +3,14 @@
 import json
 
 import pytest
-from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama
+from tiny import lines, reload_in_fresh_process, tiny_source_dir
 
 from vocgraft.cli import main
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("expand")
-    tokenizer = tiny_bytelevel_tokenizer()
-    model = tiny_llama(len(tokenizer), tied=False)
-    model.save_pretrained(root / "source")
-    tokenizer.save_pretrained(root / "source")
-    (root / "el.txt").write_text("\n".join(lines("el", 400)) + "\n", encoding="utf-8")
-    return root
+    return tiny_source_dir(tmp_path_factory.mktemp("expand"), tied=False, el=lines("el", 400))
 
 
 def expand_args(root, out, init="merge", *extra):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import yaml
-from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
+from tiny import lines, tiny_source_dir
 
 from vocgraft.cli import main
 from vocgraft.pipeline.config import ConfigError, validate
@@ -14,14 +14,8 @@ from vocgraft.pipeline.sweep import parse_ints, recommend, run_sweep, write_repo
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    tokenizer = tiny_bytelevel_tokenizer()
-    model = tiny_llama(len(tokenizer), tied=True)
-    model.save_pretrained(root / "source")
-    tokenizer.save_pretrained(root / "source")
-    (root / "el.txt").write_text("\n".join(lines("el", 300)) + "\n", encoding="utf-8")
-    (root / "heldout.txt").write_text("\n".join(lines("el", 340)[300:]) + "\n", encoding="utf-8")
-    return root
+    el = lines("el", 340)
+    return tiny_source_dir(tmp_path_factory.mktemp("pipeline"), el=el[:300], heldout=el[300:])
 
 
 def config_for(root, out, **adapt):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama
+from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama, tiny_source_dir
 
 from vocgraft.cli import main
 from vocgraft.plan import VocabPlan
@@ -12,13 +12,7 @@ from vocgraft.plan import VocabPlan
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replace")
-    tokenizer = tiny_bytelevel_tokenizer()
-    model = tiny_llama(len(tokenizer), tied=True)
-    model.save_pretrained(root / "source")
-    tokenizer.save_pretrained(root / "source")
-    (root / "el.txt").write_text("\n".join(lines("el", 400)) + "\n", encoding="utf-8")
-    return root
+    return tiny_source_dir(tmp_path_factory.mktemp("replace"), el=lines("el", 400))
 
 
 @pytest.mark.parametrize("kind,init", [("bytelevel-bpe", "mean"), ("sp-bpe", "multivariate")])

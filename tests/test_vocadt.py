@@ -5,7 +5,14 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import lines, reload_in_fresh_process, tiny_bytelevel_tokenizer, tiny_llama, tiny_sp_tokenizer
+from tiny import (
+    lines,
+    reload_in_fresh_process,
+    tiny_bytelevel_tokenizer,
+    tiny_llama,
+    tiny_source_dir,
+    tiny_sp_tokenizer,
+)
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
@@ -186,14 +193,7 @@ def test_dense_memory_is_computed_for_smollm2_sizes():
 
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vocadt")
-    tokenizer = tiny_bytelevel_tokenizer()
-    model = tiny_llama(len(tokenizer), tied=True)
-    model.save_pretrained(root / "source")
-    tokenizer.save_pretrained(root / "source")
-    (root / "el.txt").write_text("\n".join(lines("el", 300)) + "\n", encoding="utf-8")
-    (root / "ru.txt").write_text("\n".join(lines("ru", 300)) + "\n", encoding="utf-8")
-    return root
+    return tiny_source_dir(tmp_path_factory.mktemp("vocadt"), el=lines("el", 300), ru=lines("ru", 300))
 
 
 @pytest.mark.parametrize("untie", [False, True])

@@ -153,3 +153,15 @@ def reload_in_fresh_process(model_dir, max_new_tokens: int = 3) -> dict:
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tiny_source_dir(root, *, tied: bool = True, **corpora: Sequence[str]):
+    """``root/source``: a tiny tied (or untied) Llama with a byte-level BPE trained on English, saved for
+    ``from_pretrained``; plus ``root/<name>.txt`` for each corpus given (``el=lines("el", 400)``). Returns root."""
+    tokenizer = tiny_bytelevel_tokenizer()
+    model = tiny_llama(len(tokenizer), tied=tied)
+    model.save_pretrained(root / "source")
+    tokenizer.save_pretrained(root / "source")
+    for name, text in corpora.items():
+        (root / f"{name}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+    return root
