@@ -10,7 +10,10 @@ from __future__ import annotations
 import copy
 import itertools
 import multiprocessing
+import os
+import platform
 import re
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -85,7 +88,14 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
     for point in points:
         point["train_sample"] = point["train"]["sample"] if point["train"] else None
     tolerance = config["report"]["tolerance"]
-    return {"config": config, "points": points, "recommendation": recommend(points, tolerance), "tolerance": tolerance}
+    return {
+        "config": config,
+        "points": points,
+        "recommendation": recommend(points, tolerance),
+        "tolerance": tolerance,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+    }
 
 
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
@@ -118,7 +128,7 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         ]
         for p in points
     ]
-    header = ["k", "init", "|D|", "vocab", "tokens/line", "speedup", "bits/byte", "uniform", "vs source"]
+    header = ["k", "init", "LAPT lines", "vocab", "tokens/line", "speedup", "bits/byte", "uniform", "vs source (rel.)"]
     header += ["new tokens used", "chrF en-xx"]
     best = rec["point"]
     setting = f"k={best['new_tokens']}, init={best['init']}" + (
@@ -137,14 +147,15 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         f"# vocgraft sweep: {config['model']} on {config['corpus']}\n",
         verdict + "\n",
         f"Source: {src['tokens_per_line']:.1f} tokens/line, {source_bpb:.3f} bits/byte on the first "
-        f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}; "
+        f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
+        f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
         + (
             "with LAPT " + ", ".join(f"{k}={v}" for k, v in config["train"].items())
             if config["train"]
             else "no training"
         )
         + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
-        "knows only the tokenizer.\n",
+        f"knows only the tokenizer. {sweep.get('machine', '')}, {sweep.get('date', '')}.\n",
         markdown_table(header, rows),
         "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
     ]
