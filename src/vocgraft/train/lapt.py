@@ -349,12 +349,16 @@ def _save_trained(
         **(prepared.manifest if prepared else {}),
     }
     log = {"summary": summary, "steps": state.log}
+    extra_json = {"train_log.json": log, **(prepared.extra_json if prepared else {})}
+    plan_file = Path(config.model) / "vocgraft-plan.json"
+    if plan_file.is_file() and "vocgraft-plan.json" not in extra_json:  # same vocabulary: the plan still holds
+        extra_json["vocgraft-plan.json"] = json.loads(plan_file.read_text(encoding="utf-8"))
     save_model_dir(
         model,
         tokenizer,
         config.out,
         overwrite=config.overwrite,
         manifest=manifest,
-        extra_json={"train_log.json": log, **(prepared.extra_json if prepared else {})},
+        extra_json=extra_json,
         extra_files={"loss_curve.png": loss_curve_png(state.log, state.val, f"{config.strategy} / {config.objective}")},
     )
