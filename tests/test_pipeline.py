@@ -130,3 +130,22 @@ def test_example_configs_are_valid():
         text = path.read_text(encoding="utf-8").replace("../shared/corpora", str(SHARED_CORPORA))
         config = validate(yaml.safe_load(text), str(path))
         assert config["adapt"]["mode"] in ("expand", "replace")
+
+
+def test_sweep_over_lapt_sizes_plots_quality_against_size_and_runs_configured_tasks(workspace, tmp_path):
+    from vocgraft.corpus import SHARED_CORPORA
+
+    nli = tmp_path / "nli.jsonl"
+    nli.write_text("".join(json.dumps({"premise": p, "hypothesis": p[:15], "label": 0}) + "\n" for p in lines("el", 3)))
+    raw = config_for(workspace, tmp_path / "sized") | {
+        "train": {"strategy": "embeddings", "max_steps": 1, "batch_size": 2, "seq_len": 32, "val_lines": 4},
+        "eval": {"limit": 10, "max_length": 64, "nli": str(nli), "mt": str(SHARED_CORPORA / "parallel" / "en-el.tsv"),
+                 "mt_limit": 1, "shots": 1, "max_new_tokens": 4},
+    }  # fmt: skip
+    sweep = run_sweep(validate(raw), [5], ["mean"], sizes=[16, 32])
+    assert [p["train_sample"] for p in sweep["points"]] == [16, 32]
+    downstream = sweep["points"][0]["adapted"]["downstream"]
+    assert 0.0 <= downstream["nli"] <= 1.0 and "chrf_en-el" in downstream
+    write_report(sweep, tmp_path / "sized")
+    assert (tmp_path / "sized" / "bpb_vs_size.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![bits/byte vs |D|](bpb_vs_size.png)" in (tmp_path / "sized" / "report.md").read_text()

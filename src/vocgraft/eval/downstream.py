@@ -93,7 +93,8 @@ def markdown_summary(results: list[dict]) -> str:
         parts.append(markdown_table(["model", "direction", "pairs", "chrF"], rows))
     tasks = [(r["model"], t) for r in results for t in r["tasks"]]
     if tasks:
-        metric = {"nli": "accuracy", "sum": "rouge_l", "span": "f1"}
-        rows = [[m, t["task"], t["records"], metric[t["task"]], t[metric[t["task"]]]] for m, t in tasks]
+        from vocgraft.eval.tasks import METRIC
+
+        rows = [[m, t["task"], t["records"], METRIC[t["task"]], t[METRIC[t["task"]]]] for m, t in tasks]
         parts.append(markdown_table(["model", "task", "records", "metric", "score"], rows))
     return "\n\n".join(parts)

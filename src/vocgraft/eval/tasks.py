@@ -175,3 +175,4 @@ def span_f1(model, tokenizer, records: Sequence[dict], lang: str, templates: dic
 
 
 RUNNERS = {"nli": nli_accuracy, "sum": sum_rouge, "span": span_f1}
+METRIC = {"nli": "accuracy", "sum": "rouge_l", "span": "f1"}  # the key of each runner's score

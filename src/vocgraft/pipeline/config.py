@@ -61,6 +61,9 @@ SCHEMA: dict[str, Any] = {
         "shots": (int, 3),
         "prompts": (int, 0),
         "max_new_tokens": (int, 32),
+        "nli": (str, None),  # JSONL task files (eval/tasks.py formats), scored with lang's templates
+        "sum": (str, None),
+        "span": (str, None),
     },
     "report": {"tolerance": ((int, float), 0.02)},
 }
@@ -114,9 +117,11 @@ def validate(raw: dict, source: str = "config") -> dict:
         raise ConfigError(f"{source}: adapt.init {adapt['init']!r} is not a method; choose from {sorted(METHODS)}.")
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
-    for key in ("corpus", "heldout"):
-        if not Path(config[key]).exists():
-            raise ConfigError(f"{source}: {key} {config[key]!r} does not exist (paths are relative to where you run).")
+    named = {key: config[key] for key in ("corpus", "heldout")}
+    named |= {f"eval.{key}": config["eval"][key] for key in ("mt", "nli", "sum", "span") if config["eval"][key]}
+    for key, value in named.items():
+        if not Path(value).exists():
+            raise ConfigError(f"{source}: {key} {value!r} does not exist (paths are relative to where you run).")
     return config
 
 

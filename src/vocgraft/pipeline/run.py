@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vocgraft.eval.tasks import METRIC, TASKS
+
 STAGE_FILE = "vocgraft-stage.json"
 
 
@@ -219,7 +221,7 @@ def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -
         text = read_lines(config["heldout"], limit=ev["limit"])
         used = {t for ids in encode_lines(load_tokenizer(model_spec), text) for t in ids} & new_ids
         facts["new_tokens_used_share"] = len(used) / max(len(new_ids), 1)
-    if ev["mt"] or ev["prompts"]:
+    if ev["mt"] or ev["prompts"] or any(ev[task] for task in TASKS):
         facts["downstream"] = _downstream(model_spec, config)
     path.mkdir(parents=True, exist_ok=True)
     write_json(path / "eval.json", {"summary": facts, "full": result})
@@ -231,6 +233,7 @@ def _downstream(model_spec: str, config: dict) -> dict:
     from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream
     from vocgraft.eval.generation import prompts_from_lines
     from vocgraft.eval.mt import read_pairs
+    from vocgraft.eval.tasks import read_records
 
     ev = config["eval"]
     spec = DownstreamSpec(
@@ -241,9 +244,12 @@ def _downstream(model_spec: str, config: dict) -> dict:
         mt_directions=("en-xx",),
         mt_shots=ev["shots"],
         mt_limit=ev["mt_limit"],
+        tasks={task: read_records(ev[task], task) for task in TASKS if ev[task]},
     )
     result = evaluate_downstream(model_spec, spec)
     summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
+    for t in result["tasks"]:
+        summary[t["task"]] = t[METRIC[t["task"]]]
     for g in result["generation"]:
         summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
         summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]
