@@ -10,7 +10,6 @@ held-out lines (tokens/s, characters/s, new-token share) and MT en->xx and xx->e
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -43,8 +42,8 @@ def main() -> None:
     args = parser.parse_args()
 
     report = new_report(args.model, args, langs={})
-    work = Path(tempfile.mkdtemp(prefix="vocgraft-downstream-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="vocgraft-downstream-") as scratch:
+        work = Path(scratch)
         for lang in args.langs:
             expanded = work / f"{lang}-k{args.k}-{args.init}"
             start = time.perf_counter()
@@ -65,8 +64,6 @@ def main() -> None:
             print(f"## {lang}\n\n{markdown_summary(results)}\n", flush=True)
             write_json(f"{args.out}.json", report)
         write_markdown(report, f"{args.out}.md")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_markdown(report: dict, path: str) -> None:

@@ -79,8 +79,8 @@ def main() -> None:
     corpus = str(SHARED_CORPORA / args.lang / "train.txt")
     heldout = read_lines(SHARED_CORPORA / args.lang / "heldout.txt", limit=args.eval_lines)
     report = new_report(args.model, args, gpu="none lent to this session", models={}, runs=[])
-    work = Path(tempfile.mkdtemp(prefix="vocgraft-lapt-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="vocgraft-lapt-") as scratch:
+        work = Path(scratch)
         start = time.perf_counter()
         expanded = str(work / f"expanded-k{args.k}")
         expand_model(args.model, read_lines(corpus, limit=32768), args.k, "align", expanded, aux_vocab_size=32000)
@@ -125,8 +125,6 @@ def main() -> None:
         print(f"trainer vs bare loop: {ours['tokens_per_second']:.0f} / {bare:.0f} tok/s", flush=True)
         write_json(f"{args.out}.json", report)
         write_markdown(report, f"{args.out}.md")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_markdown(report: dict, path: str) -> None:

@@ -92,8 +92,8 @@ def main() -> None:
     args = parser.parse_args()
 
     report = new_report(args.model, args, langs={})
-    work = Path(tempfile.mkdtemp(prefix="vocgraft-vocadt-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="vocgraft-vocadt-") as scratch:
+        work = Path(scratch)
         for lang in args.langs:
             train = str(SHARED_CORPORA / lang / "train.txt")
             lines = read_lines(train)
@@ -139,8 +139,6 @@ def main() -> None:
                       f"peak RSS {run['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
                 write_json(f"{args.out}.json", report)
         write_markdown(report, f"{args.out}.md")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_markdown(report: dict, path: str) -> None:

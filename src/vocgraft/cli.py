@@ -115,16 +115,16 @@ def cmd_tokenizer_train(args) -> None:
 def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
     """Tokens/line before and after, speedup proxy, and the share of new tokens that the text actually uses."""
     from vocgraft.eval import encode_lines, fertility, speedup
+    from vocgraft.eval.fertility import new_tokens_used_share
 
     before, after = encode_lines(source_tokenizer, lines), encode_lines(tokenizer, lines)
-    used = {t for ids in after for t in ids} & set(new_ids)
     source, target = fertility(before, lines), fertility(after, lines)
     return {
         "lines": len(lines),
         "tokens_per_line_before": source["tokens_per_line_mean"],
         "tokens_per_line_after": target["tokens_per_line_mean"],
         "speedup": speedup(source["tokens_per_line_mean"], target["tokens_per_line_mean"]),
-        "new_tokens_used_share": len(used) / len(new_ids) if new_ids else 0.0,
+        "new_tokens_used_share": new_tokens_used_share(after, new_ids),
         "roundtrip_exact": all(tokenizer.decode(ids) == line for ids, line in zip(after, lines)),
     }
 

@@ -212,3 +212,14 @@ def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, f
     if isinstance(spec, str | Path):
         return read_lines(spec, sample=sample, seed=seed, field=field)
     return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)
+
+
+def numbered_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) for the non-blank lines of a small structured file (TSV pairs, JSONL records), so its
+    parser can name the line it rejects; a missing file says what was ``expected`` in it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file; expected {expected}.")
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            yield number, line

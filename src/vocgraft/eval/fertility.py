@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 
 def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
@@ -31,3 +31,10 @@ def fertility(token_ids: Sequence[Sequence[int]], lines: Sequence[str]) -> dict:
 def speedup(baseline_tokens_per_line: float, tokens_per_line: float) -> float:
     """The papers' inference-speedup proxy: how many times fewer tokens the adapted tokenizer needs."""
     return baseline_tokens_per_line / tokens_per_line
+
+
+def new_tokens_used_share(token_ids: Sequence[Sequence[int]], new_ids: Collection[int]) -> float:
+    """Share of the ``new_ids`` that occur at least once in the tokenized text (0 when there are none)."""
+    new = set(new_ids)
+    used = {t for ids in token_ids for t in ids} & new
+    return len(used) / len(new) if new else 0.0

@@ -51,6 +51,12 @@ def generate_one(
     return out[0, ids.shape[1] :].tolist()
 
 
+def first_line_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The greedy answer to ``prompt`` up to its first line break (MT and task prompts end where a line does)."""
+    ids = generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY, stop_strings=["\n"])
+    return tokenizer.decode(ids, skip_special_tokens=True).strip().split("\n")[0].strip()
+
+
 def generation_speed(
     model,
     tokenizer,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from vocgraft.corpus import CorpusError
-from vocgraft.eval.generation import GREEDY, generate_one
+from vocgraft.corpus import CorpusError, numbered_lines
+from vocgraft.eval.generation import first_line_answer
 from vocgraft.eval.metrics import chrf
 
 DEFAULT_TEMPLATE = "Translate {source_language} to {target_language}: {source} ="
@@ -25,13 +25,8 @@ LANGUAGE_NAMES = {
 
 def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     """``english<TAB>target`` lines; a line without exactly one tab is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such parallel file; expected english<TAB>target lines.")
     pairs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in numbered_lines(path, "english<TAB>target lines"):
         parts = line.split("\t")
         if len(parts) != 2 or not all(p.strip() for p in parts):
             raise CorpusError(f"{path}:{number}: expected english<TAB>target, got {len(parts)} field(s).")
@@ -76,9 +71,8 @@ def translate_and_score(
     rows = []
     for source, reference in tests:
         prompt = build_prompt(examples, source, source_lang, target_lang, template)
-        ids = generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY, stop_strings=["\n"])
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        rows.append({"source": source, "reference": reference, "hypothesis": text.strip().split("\n")[0].strip()})
+        answer = first_line_answer(model, tokenizer, prompt, max_new_tokens)
+        rows.append({"source": source, "reference": reference, "hypothesis": answer})
     return {
         "direction": f"{source_lang}-{target_lang}",
         "shots": shots,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vocgraft.corpus import CorpusError
-from vocgraft.eval.generation import GREEDY, generate_one
+from vocgraft.corpus import CorpusError, numbered_lines
+from vocgraft.eval.generation import first_line_answer
 from vocgraft.eval.metrics import rouge_l, token_f1
 
 TASKS = ("nli", "sum", "span")
@@ -81,13 +81,8 @@ def read_records(path: str | Path, task: str) -> list[dict]:
     """The task's JSONL records; a missing field or bad JSON is an error naming the file and line."""
     if task not in TASKS:
         raise CorpusError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.")
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file; expected JSONL records with fields {', '.join(FIELDS[task])}.")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in numbered_lines(path, f"JSONL records with fields {', '.join(FIELDS[task])}"):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -148,16 +143,11 @@ def nli_accuracy(model, tokenizer, records: Sequence[dict], lang: str, templates
     return {"task": "nli", "records": len(records), "accuracy": correct / len(records), "labels": labels}
 
 
-def generated_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    ids = generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY, stop_strings=["\n"])
-    return tokenizer.decode(ids, skip_special_tokens=True).strip().split("\n")[0].strip()
-
-
 def sum_rouge(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
     template = template_for("sum", lang, templates)
     scores = [
         rouge_l(
-            generated_answer(model, tokenizer, template.format(text=r["text"]), MAX_NEW_TOKENS["sum"]), r["summary"]
+            first_line_answer(model, tokenizer, template.format(text=r["text"]), MAX_NEW_TOKENS["sum"]), r["summary"]
         )
         for r in records
     ]
@@ -169,7 +159,7 @@ def span_f1(model, tokenizer, records: Sequence[dict], lang: str, templates: dic
     scores = []
     for r in records:
         prompt = template.format(context=r["context"], question=r["question"])
-        answer = generated_answer(model, tokenizer, prompt, MAX_NEW_TOKENS["span"])
+        answer = first_line_answer(model, tokenizer, prompt, MAX_NEW_TOKENS["span"])
         scores.append(token_f1(answer, r["answers"], english=lang == "en"))
     return {"task": "span", "records": len(records), "f1": sum(scores) / len(scores)}
 

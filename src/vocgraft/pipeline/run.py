@@ -216,11 +216,11 @@ def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -
     if new_ids is not None:  # the share of the new tokens the held-out text actually uses
         from vocgraft.corpus import read_lines
         from vocgraft.eval import encode_lines
+        from vocgraft.eval.fertility import new_tokens_used_share
         from vocgraft.models import load_tokenizer
 
         text = read_lines(config["heldout"], limit=ev["limit"])
-        used = {t for ids in encode_lines(load_tokenizer(model_spec), text) for t in ids} & new_ids
-        facts["new_tokens_used_share"] = len(used) / max(len(new_ids), 1)
+        facts["new_tokens_used_share"] = new_tokens_used_share(encode_lines(load_tokenizer(model_spec), text), new_ids)
     if ev["mt"] or ev["prompts"] or any(ev[task] for task in TASKS):
         facts["downstream"] = _downstream(model_spec, config)
     path.mkdir(parents=True, exist_ok=True)
