@@ -218,7 +218,7 @@ def test_expansion_initializes_only_the_new_ids_from_source_rows(source, matrix)
 
 
 def test_registry_has_focus_and_it_needs_a_corpus_or_vectors(source, target, plan, matrix):
-    assert "focus" in METHODS and get_method("focus") is focus
+    assert "focus" in METHODS and get_method("focus").fn is focus
     with pytest.raises(ValueError, match="needs a corpus"):
         get_method("focus")(matrix, InitContext(plan, source, target))
 

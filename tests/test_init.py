@@ -17,7 +17,7 @@ from tiny import (
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from vocgraft.init import METHODS, InitContext, get_method, initialize, register
+from vocgraft.init import METHODS, InitContext, Method, get_method, initialize, register
 from vocgraft.init.mean import mean_rows
 from vocgraft.init.merge import merge_rows, target_merges
 from vocgraft.init.multivariate import covariance_factor
@@ -315,6 +315,11 @@ def test_initialize_computes_in_float32_from_the_stored_weights(source, target, 
     torch.testing.assert_close(rows, mean_rows(weight, plan, source, plan.new_ids))
 
 
+def unregistered(name, fn) -> Method:
+    """A method entry for a test's own function (put into METHODS with monkeypatch, so it goes away again)."""
+    return Method(name, fn, frozenset(), (), "", "")
+
+
 def test_initialize_hands_each_space_its_own_matrix_and_checks_the_result(source, target, plan, monkeypatch):
     model = padded_llama(len(source), tied=False)
     seen: list[tuple[str, torch.Tensor]] = []
@@ -323,16 +328,18 @@ def test_initialize_hands_each_space_its_own_matrix_and_checks_the_result(source
         seen.append((ctx.space, matrix))
         return torch.ones(len(ctx.plan.new_ids), matrix.shape[1])
 
-    monkeypatch.setitem(METHODS, "probe", probe)
+    monkeypatch.setitem(METHODS, "probe", unregistered("probe", probe))
     initialize(model, "probe", ctx_for(plan, source, target))
     assert [s for s, _ in seen] == ["input", "head"]
     assert torch.equal(seen[0][1], model.get_input_embeddings().weight.detach())
     assert torch.equal(seen[1][1], model.get_output_embeddings().weight.detach())
 
-    monkeypatch.setitem(METHODS, "nan", lambda m, c: torch.full((len(c.plan.new_ids), m.shape[1]), float("nan")))
+    monkeypatch.setitem(
+        METHODS, "nan", unregistered("nan", lambda m, c: torch.full((len(c.plan.new_ids), m.shape[1]), float("nan")))
+    )
     with pytest.raises(ValueError, match="NaN/inf rows"):
         initialize(model, "nan", ctx_for(plan, source, target))
-    monkeypatch.setitem(METHODS, "short", lambda m, c: torch.ones(1, m.shape[1]))
+    monkeypatch.setitem(METHODS, "short", unregistered("short", lambda m, c: torch.ones(1, m.shape[1])))
     with pytest.raises(ValueError, match=r"returned shape \(1, 32\), expected \(7, 32\)"):
         initialize(model, "short", ctx_for(plan, source, target))
 

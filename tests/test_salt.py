@@ -327,7 +327,7 @@ def test_missing_vectors_and_corpus_is_an_error():
 
 
 def test_registered():
-    assert "salt" in METHODS and get_method("salt") is salt
+    assert "salt" in METHODS and get_method("salt").fn is salt
 
 
 def test_no_warnings_on_a_normal_run():

@@ -154,6 +154,7 @@ def cmd_expand(args) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+        **init_args(args),
     )
     added = result.expansion.to_dict()
     scripts = ", ".join(result.scripts) if result.scripts else "any script"
@@ -186,10 +187,10 @@ def cmd_replace(args) -> None:
         tokenizer_spec=args.tokenizer,
         target_kind=args.kind,
         target_vocab_size=args.vocab_size,
-        target_plm=args.target_plm,
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines)},
+        **init_args(args),
     )
     summary = result.plan.summary()
     print(
@@ -382,6 +383,40 @@ def cmd_demo(args) -> None:
     print_sweep(sweep, write_report(sweep, args.out))
 
 
+def add_init_args(p: argparse.ArgumentParser) -> None:
+    """``--init`` and, from the method registry, every method input (``--target-plm``) and setting."""
+    from vocgraft.init import INPUTS, METHODS, all_options
+    from vocgraft.recipes.common import USER_INPUTS
+
+    def users(test) -> str:
+        return ", ".join(sorted(m.name for m in METHODS.values() if test(m)))
+
+    summaries = "; ".join(f"{m.name}: {m.summary}" for m in sorted(METHODS.values(), key=lambda m: m.name))
+    p.add_argument("--init", required=True, choices=sorted(METHODS), metavar="METHOD", help=summaries)
+    for name, flag in USER_INPUTS.items():
+        p.add_argument(flag, dest=name, help=f"{INPUTS[name]}; read by {users(lambda m: name in m.needs)}")
+    for option in all_options().values():
+        kind = argparse.BooleanOptionalAction if option.type is bool else None
+        p.add_argument(
+            option.flag,
+            dest=option.name,
+            **({"action": kind} if kind else {"type": option.type}),
+            default=None,
+            help=f"{option.help} (default {option.default}; {users(lambda m: option in m.options)})",
+        )
+
+
+def init_args(args) -> dict:
+    """The init method's user inputs and settings from parsed arguments (settings left unset are None)."""
+    from vocgraft.init import all_options
+    from vocgraft.recipes.common import USER_INPUTS
+
+    return {
+        "method_inputs": {name: getattr(args, name) for name in USER_INPUTS},
+        "options": {name: getattr(args, name) for name in all_options()},
+    }
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
 
@@ -461,14 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true")
     t.set_defaults(func=cmd_tokenizer_train)
 
-    from vocgraft.init import METHODS
-
     p = sub.add_parser("expand", help="add the top-k target-language tokens as real merges and initialize them")
     add_model_arg(p)
     p.add_argument("--corpus", required=True, help="target-language training text")
     p.add_argument("--field", default="text")
     p.add_argument("--new-tokens", type=int, required=True, help="k: vocabulary rows to add (intermediates count)")
-    p.add_argument("--init", required=True, choices=sorted(METHODS))
+    add_init_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--aux-tokenizer", help="a trained auxiliary tokenizer (default: train one on --corpus)")
@@ -497,8 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kind of the trained target tokenizer (default: the source's family)",
     )
     p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
-    p.add_argument("--init", required=True, choices=sorted(METHODS))
-    p.add_argument("--target-plm", help="a target-language model whose tokenizer is the target tokenizer (SALT)")
+    add_init_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
@@ -583,6 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
+    from vocgraft.init import MethodInputError
     from vocgraft.pipeline.config import ConfigError
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
@@ -591,7 +624,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError,
+        ConfigError, MethodInputError,
     )  # fmt: skip
 
 

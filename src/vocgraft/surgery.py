@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
+from vocgraft.tokenization.portable import save_portable
 
 if TYPE_CHECKING:
     from vocgraft.plan import VocabPlan
@@ -289,7 +290,7 @@ def save_model_dir(
     }
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         for name, blob in (extra_files or {}).items():

@@ -270,7 +270,12 @@ def align_rows(
     return rows
 
 
-@register("align")
+@register(
+    "align",
+    needs=("corpus", "aux_tokenizer"),
+    summary="frequency-weighted mean of the source tuples aligned with the token in the corpus",
+    reference="paper 003 §4.3 (Align)",
+)
 def align(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     """Align initialization over ``ctx.corpus``; unseen new tokens get Mean."""
     if ctx.corpus is None:

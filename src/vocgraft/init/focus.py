@@ -111,7 +111,12 @@ def focus_rows(
     return torch.sparse.mm(weights, key_rows), positions, len(key_t)
 
 
-@register("focus")
+@register(
+    "focus",
+    needs=("corpus",),
+    summary="sparsemax-weighted mean of overlapping tokens' rows by fastText similarity",
+    reference="paper 002 §2 (FOCUS)",
+)
 def focus(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     """FOCUS rows for ``ctx.plan.new_ids``; new tokens without a fastText vector get Random rows."""
     source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary

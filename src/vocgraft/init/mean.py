@@ -106,7 +106,11 @@ def mean_rows(
     return out
 
 
-@register("mean")
+@register(
+    "mean",
+    summary="mean of the source rows of the pieces that spell the token",
+    reference="paper 000 §3.2 (Mean)",
+)
 def mean(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
     return mean_rows(

@@ -141,7 +141,12 @@ def _gather(matrix: torch.Tensor, rows: torch.Tensor, refs: torch.Tensor) -> tor
     return out
 
 
-@register("merge")
+@register(
+    "merge",
+    needs=("aux_tokenizer",),
+    summary="hierarchical means along the merges that build the token",
+    reference="paper 000 Algorithm 1 (Merge)",
+)
 def merge(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
     return merge_rows(source_matrix, ctx.plan, ctx.source_tokenizer, ctx.target_tokenizer)

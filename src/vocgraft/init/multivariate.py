@@ -46,7 +46,11 @@ def _blocked_mean(rows: torch.Tensor, block: int) -> torch.Tensor:
     return total / rows.shape[0]
 
 
-@register("multivariate")
+@register(
+    "multivariate",
+    summary="normal N(mean, covariance) of the source rows",
+    reference="paper 001 §4 baseline (transformers' mean_resizing, with the real covariance)",
+)
 def multivariate_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     mean, cov = mean_and_covariance(source_rows(source_matrix, ctx))
     factor = covariance_factor(cov)

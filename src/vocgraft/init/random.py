@@ -12,7 +12,11 @@ import torch
 from vocgraft.init import InitContext, register, source_rows
 
 
-@register("random")
+@register(
+    "random",
+    summary="per-dimension normal N(mean, std) of the source rows",
+    reference="paper 000 §3.2 (Random)",
+)
 def random_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     rows = source_rows(source_matrix, ctx)
     mean, std = rows.mean(dim=0), rows.std(dim=0)

@@ -394,7 +394,12 @@ def _cached_coefficients(ctx: InitContext) -> SaltCoefficients:
     return ctx.resources[_CACHE][1]
 
 
-@register("salt")
+@register(
+    "salt",
+    needs=("corpus", "target_plm"),
+    summary="per-token least-squares map from a target PLM's embeddings, fitted on sparsemax neighbours",
+    reference="paper 001 §3 (SALT)",
+)
 def salt(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     src = source_rows(source_matrix, ctx)
     coefficients = _cached_coefficients(ctx)

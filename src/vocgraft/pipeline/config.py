@@ -105,14 +105,63 @@ def _check(section: dict, schema: dict, where: str, source: str) -> dict:
     return out
 
 
+def schema() -> dict:
+    """SCHEMA plus, under ``adapt``, every init method's user inputs and settings (from the method registry)."""
+    from vocgraft.init import all_options
+    from vocgraft.recipes.common import USER_INPUTS
+
+    full = {key: dict(rule) if isinstance(rule, dict) else rule for key, rule in SCHEMA.items()}  # REQUIRED stays
+    full["adapt"] |= {name: (str, None) for name in USER_INPUTS}
+    full["adapt"] |= {o.name: ((int, float) if o.type is float else o.type, None) for o in all_options().values()}
+    return full
+
+
+def method_args(adapt: dict) -> dict:
+    """The init method's user inputs and settings from a validated ``adapt`` section: only those the method
+    reads (a sweep's config may carry settings for its other methods)."""
+    from vocgraft.init import get_method
+    from vocgraft.recipes.common import USER_INPUTS
+
+    method = get_method(adapt["init"])
+    return {
+        "method_inputs": {name: adapt[name] for name in USER_INPUTS if name in method.needs},
+        "options": {option.name: adapt[option.name] for option in method.options},
+    }
+
+
+def check_methods(adapt: dict, inits: list[str], source: str = "config") -> None:
+    """Before any work: every method of ``inits`` has the inputs it needs, and every input or setting the
+    ``adapt`` section gives is read by at least one of them (otherwise it would be silently ignored)."""
+    from vocgraft.init import INPUTS, METHODS, all_options
+    from vocgraft.recipes.common import USER_INPUTS
+
+    unknown = [i for i in inits if i not in METHODS]
+    if unknown:
+        raise ConfigError(f"{source}: init {unknown[0]!r} is not a method; choose from {sorted(METHODS)}.")
+    methods = [METHODS[i] for i in inits]
+    for method in methods:
+        for name in USER_INPUTS:
+            if name in method.needs and not adapt[name]:
+                raise ConfigError(f"{source}: init method {method.name!r} needs {INPUTS[name]}; set adapt.{name}.")
+    settings = [name for name in USER_INPUTS if adapt[name]] + [
+        name for name in all_options() if adapt[name] is not None
+    ]
+    for name in settings:
+        if not any(name in m.needs or name in {o.name for o in m.options} for m in methods):
+            raise ConfigError(
+                f"{source}: adapt.{name} is not read by init {', '.join(inits)}; remove it or add a method that "
+                "reads it."
+            )
+
+
 def validate(raw: dict, source: str = "config") -> dict:
     """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys."""
-    from vocgraft.init import METHODS
-
-    config = _check(copy.deepcopy(raw), SCHEMA, "", source)
+    config = _check(copy.deepcopy(raw), schema(), "", source)
     adapt = config["adapt"]
     if adapt["mode"] not in MODES:
         raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
+    from vocgraft.init import METHODS
+
     if adapt["init"] not in METHODS:
         raise ConfigError(f"{source}: adapt.init {adapt['init']!r} is not a method; choose from {sorted(METHODS)}.")
     if adapt["new_tokens"] <= 0:

@@ -151,6 +151,7 @@ def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
     from vocgraft.models import load_tokenizer
     from vocgraft.recipes.expand import train_aux_tokenizer
     from vocgraft.recipes.replace import target_tokenizer_for
+    from vocgraft.tokenization.portable import save_portable
 
     source = load_tokenizer(config["model"])
     adapt = config["adapt"]
@@ -158,19 +159,26 @@ def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
         tokenizer = train_aux_tokenizer(source, lines, adapt["aux_vocab_size"], config["seed"])
     else:
         tokenizer = target_tokenizer_for(source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"])
-    tokenizer.save_pretrained(path)
+    save_portable(tokenizer, path)
     return {"size": len(tokenizer), "lines": len(lines)}
 
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
     from vocgraft.corpus import read_lines
+    from vocgraft.pipeline.config import method_args
     from vocgraft.recipes.expand import expand_model
     from vocgraft.recipes.replace import replace_model
 
     adapt = config["adapt"]
     if adapt["mode"] == "replace":
         _, result = replace_model(
-            config["model"], lines, adapt["init"], path, tokenizer_spec=str(tokenizer_dir), seed=config["seed"]
+            config["model"],
+            lines,
+            adapt["init"],
+            path,
+            tokenizer_spec=str(tokenizer_dir),
+            seed=config["seed"],
+            **method_args(adapt),
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
     protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
@@ -185,6 +193,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         protect=protect,
         scripts=scripts,
         seed=config["seed"],
+        **method_args(adapt),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}
 

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from vocgraft.pipeline.config import ConfigError
+from vocgraft.pipeline.config import ConfigError, check_methods
 from vocgraft.pipeline.run import run_pipeline
 
 
@@ -73,11 +73,7 @@ def recommend(points: list[dict], tolerance: float) -> dict:
 
 
 def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | None = None, jobs: int = 1) -> dict:
-    from vocgraft.init import METHODS
-
-    unknown = [i for i in inits if i not in METHODS]
-    if unknown:
-        raise ConfigError(f"--init {unknown[0]!r} is not a method; choose from {sorted(METHODS)}.")
+    check_methods(config["adapt"], inits)  # every method has its inputs, every setting is read: before any work
     grid = variants(config, ks, inits, sizes)
     if jobs > 1:
         # spawn, not fork: a forked child of a process that already ran torch's OpenMP threads can hang

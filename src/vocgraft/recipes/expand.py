@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import get_method
+from vocgraft.init import method_options
 from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.recipes.common import init_and_graft, method_stats, save_adapted
+from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 from vocgraft.tokenization.scripts import dominant_scripts
 
@@ -61,6 +61,8 @@ def expand_loaded(
     protect: Sequence[str] | None = None,
     scripts: Collection[str] | str | None = "auto",
     seed: int = 0,
+    resources: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Expanded:
     """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks.
 
@@ -69,7 +71,7 @@ def expand_loaded(
     """
     if k <= 0:
         raise ExpandError(f"--new-tokens must be positive, got {k}.")
-    get_method(init)  # fail on a typo before any work
+    options = method_options(init, options)  # fail on a typo before any work
     timings = {}
     start = time.perf_counter()
     if aux_tokenizer is None:
@@ -85,7 +87,16 @@ def expand_loaded(
     timings["expansion_seconds"] = time.perf_counter() - start
 
     timings["init_seconds"], resources = init_and_graft(
-        model, plan, source_tokenizer, target_tokenizer, init, corpus=lines, seed=seed
+        model,
+        plan,
+        source_tokenizer,
+        target_tokenizer,
+        init,
+        corpus=lines,
+        seed=seed,
+        resources=resources,
+        aux_tokenizer=aux_tokenizer,
+        options=options,
     )
     return Expanded(
         model, target_tokenizer, plan, expansion, timings, method_stats(resources), sorted(scripts or []) or None
@@ -106,9 +117,16 @@ def expand_model(
     seed: int = 0,
     overwrite: bool = False,
     inputs: dict | None = None,
+    method_inputs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[Path, Expanded]:
-    """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest."""
+    """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest.
+
+    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings."""
     check_writable(out_dir, overwrite)  # before minutes of work
+    method_inputs = dict(method_inputs or {})
+    options = method_options(init, options)
+    check_method_inputs(init, method_inputs)
     model, source_tokenizer = load_model(model_spec)
     aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
     result = expand_loaded(
@@ -122,12 +140,15 @@ def expand_model(
         protect=protect,
         scripts=scripts,
         seed=seed,
+        resources=method_resources(init, method_inputs),
+        options=options,
     )
     manifest = {
-        "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **(inputs or {})},
+        "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **method_inputs, **(inputs or {})},
         "method": {
             "stage": "expand",
             "init": init,
+            "options": options,
             "new_tokens": k,
             "aux_vocab_size": aux_vocab_size,
             "scripts": result.scripts,

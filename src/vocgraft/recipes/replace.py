@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import get_method
+from vocgraft.init import method_options
 from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
 from vocgraft.outdir import check_writable
-from vocgraft.plan import VocabPlan, raw_tokens
-from vocgraft.recipes.common import init_and_graft, method_stats, save_adapted
+from vocgraft.plan import VocabPlan
+from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import train_tokenizer
 
 # the target tokenizer kind trained by default: the source's own family, so pre-tokenization stays familiar
@@ -79,9 +79,10 @@ def replace_loaded(
     target_vocab_size: int = 50000,
     resources: dict[str, Any] | None = None,
     seed: int = 0,
+    options: dict[str, Any] | None = None,
 ) -> Replaced:
     """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`."""
-    get_method(init)  # fail on a typo before any work
+    options = method_options(init, options)  # fail on a typo before any work
     timings = {}
     start = time.perf_counter()
     target_tokenizer = target_tokenizer_for(
@@ -93,7 +94,15 @@ def replace_loaded(
     plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "replace")
     timings["plan_seconds"] = time.perf_counter() - start
     timings["init_seconds"], resources = init_and_graft(
-        model, plan, source_tokenizer, target_tokenizer, init, corpus=lines, seed=seed, resources=resources
+        model,
+        plan,
+        source_tokenizer,
+        target_tokenizer,
+        init,
+        corpus=lines,
+        seed=seed,
+        resources=resources,
+        options=options,
     )
     return Replaced(model, target_tokenizer, plan, timings, method_stats(resources))
 
@@ -107,21 +116,22 @@ def replace_model(
     tokenizer_spec: str | None = None,
     target_kind: str | None = None,
     target_vocab_size: int = 50000,
-    target_plm: str | None = None,
     seed: int = 0,
     overwrite: bool = False,
     inputs: dict | None = None,
+    method_inputs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[Path, Replaced]:
-    """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest."""
+    """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest.
+
+    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings."""
     check_writable(out_dir, overwrite)  # before minutes of work
+    method_inputs = dict(method_inputs or {})
+    options = method_options(init, options)
+    check_method_inputs(init, method_inputs)
     model, source_tokenizer = load_model(model_spec)
     target = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
-    resources = {}
-    if target_plm:
-        plm, plm_tokenizer = load_model(target_plm)
-        resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
-        resources["target_plm_tokenizer_size"] = len(plm_tokenizer)
-        resources["target_plm_tokens"] = raw_tokens(plm_tokenizer)  # SALT checks the vocabularies id by id
+    resources = method_resources(init, method_inputs)
     result = replace_loaded(
         model,
         source_tokenizer,
@@ -132,12 +142,14 @@ def replace_model(
         target_vocab_size=target_vocab_size,
         resources=resources,
         seed=seed,
+        options=options,
     )
     manifest = {
-        "inputs": {"model": model_spec, "tokenizer": tokenizer_spec, "target_plm": target_plm, **(inputs or {})},
+        "inputs": {"model": model_spec, "tokenizer": tokenizer_spec, **method_inputs, **(inputs or {})},
         "method": {
             "stage": "replace",
             "init": init,
+            "options": options,
             "target_kind": target_kind,
             "target_vocab_size": len(result.tokenizer),
         },

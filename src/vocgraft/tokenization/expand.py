@@ -34,6 +34,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from vocgraft.progress import progress
 from vocgraft.tokenization.bpe import BPEModel, parse_merges
 from vocgraft.tokenization.canonical import canonical_form
+from vocgraft.tokenization.portable import make_portable
 from vocgraft.tokenization.scripts import in_scripts
 from vocgraft.tokenization.train import BYTE_PIECE, _is_bytelevel
 
@@ -484,10 +485,8 @@ def _build(
 def _wrap_like(source_tokenizer: Any, tokenizer_json: str) -> PreTrainedTokenizerFast:
     """A fast tokenizer with the source's settings (special tokens, chat template...) and our tokenizer.json.
 
-    Built the way users will load it: save the source, swap tokenizer.json, load with AutoTokenizer. The class
-    is set to the generic TokenizersBackend because model-specific classes (e.g. LlamaTokenizer in
-    transformers 5) rebuild their pipeline from vocab and merges and would drop tokenizer.json's normalizer
-    and model flags.
+    Built the way users will load it: save the source, swap tokenizer.json, load with AutoTokenizer (the saved
+    config names the generic fast class, see :mod:`vocgraft.tokenization.portable`).
     """
     with tempfile.TemporaryDirectory(prefix="vocgraft-expand-") as tmp:
         folder = Path(tmp)
@@ -496,12 +495,7 @@ def _wrap_like(source_tokenizer: Any, tokenizer_json: str) -> PreTrainedTokenize
             if path.name not in _KEEP_FILES:
                 path.unlink()
         (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        config["tokenizer_class"] = "TokenizersBackend"
-        for key in ("auto_map", "vocab_file", "merges_file", "tokenizer_file"):
-            config.pop(key, None)
-        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+        make_portable(folder)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     # it lives in memory now; don't point at the deleted temporary folder
     tokenizer.name_or_path = ""

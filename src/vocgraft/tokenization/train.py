@@ -37,6 +37,7 @@ from tokenizers import (
 from transformers import PreTrainedTokenizerFast
 
 from vocgraft.outdir import atomic_output_dir, write_manifest
+from vocgraft.tokenization.portable import save_portable
 
 TOKENIZER_KINDS = ("bytelevel-bpe", "sp-bpe", "sp-unigram")
 SENTENCEPIECE_FILE = "sentencepiece.model"
@@ -353,7 +354,7 @@ def save_tokenizer(
     """Save an HF tokenizer (and its SentencePiece model, if any) atomically, with a ``vocgraft.json``."""
     out = Path(out_dir)
     with atomic_output_dir(out, overwrite) as tmp:
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)
         proto = sentencepiece_model_bytes(tokenizer)
         if proto is not None:
             (tmp / SENTENCEPIECE_FILE).write_bytes(proto)

@@ -25,6 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
 from vocgraft.progress import progress
+from vocgraft.tokenization.portable import save_portable
 from vocgraft.train.data import TrainingError, pack_tokens
 
 TRAINING_ATTR = "vocgraft_training"  # the training log is attached to the returned model under this name
@@ -169,7 +170,7 @@ def save_plm(
         )
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)
         proto = sentencepiece_model_bytes(tokenizer)
         if proto is not None:  # keep the SentencePiece model next to the tokenizer, as save_tokenizer does
             (tmp / SENTENCEPIECE_FILE).write_bytes(proto)
