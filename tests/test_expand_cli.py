@@ -80,3 +80,24 @@ def test_expand_rejects_bad_arguments(source, tmp_path, capsys):
     assert "must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(expand_args(source, tmp_path / "o", "nonsense"))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_a_family_expansion_cannot_edit_is_refused_before_any_work(tmp_path, capsys, monkeypatch, kind):
+    from tiny import tiny_llama, tiny_unigram_tokenizer, tiny_wordpiece_tokenizer
+
+    import vocgraft.recipes.expand as recipe
+
+    tokenizer = tiny_wordpiece_tokenizer() if kind == "wordpiece" else tiny_unigram_tokenizer()
+    tiny_llama(len(tokenizer), tied=True).save_pretrained(tmp_path / "source")
+    tokenizer.save_pretrained(tmp_path / "source")
+    (tmp_path / "el.txt").write_text("\n".join(lines("el", 50)) + "\n", encoding="utf-8")
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the tokenizer family was checked")
+
+    monkeypatch.setattr(recipe, "load_model", loaded)
+    assert main(expand_args(tmp_path, tmp_path / "out", "mean")) == 2
+    err = capsys.readouterr().err
+    assert "cannot expand a" in err and "byte-level BPE" in err and "vocgraft replace" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

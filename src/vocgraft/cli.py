@@ -112,8 +112,9 @@ def cmd_tokenizer_train(args) -> None:
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
 
 
-def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
-    """Tokens/line before and after, speedup proxy, and the share of new tokens that the text actually uses."""
+def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
+    """Tokens/line before and after, speedup proxy, the share of new tokens that the text actually uses, and
+    whether the text round-trips exactly (and, given the model's ``rows``, whether every id it uses has a row)."""
     from vocgraft.eval import encode_lines, fertility, speedup
     from vocgraft.eval.fertility import new_tokens_used_share
 
@@ -126,7 +127,7 @@ def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
         "speedup": speedup(source["tokens_per_line_mean"], target["tokens_per_line_mean"]),
         "new_tokens_used_share": new_tokens_used_share(after, new_ids),
         "roundtrip_exact": all(tokenizer.decode(ids) == line for ids, line in zip(after, lines)),
-    }
+    } | ({"ids_have_rows": all(max(ids, default=-1) < rows for ids in after)} if rows is not None else {})
 
 
 def parse_scripts(value: str):
@@ -162,6 +163,8 @@ def cmd_expand(args) -> None:
         f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
         f"with init={args.init} -> {out}"
     )
+    if added["skipped_reasons"]:
+        print("candidates skipped: " + ", ".join(f"{n} {key}" for key, n in added["skipped_reasons"].items()))
     if args.heldout:
         from vocgraft.models import load_tokenizer
 
@@ -170,6 +173,7 @@ def cmd_expand(args) -> None:
             result.tokenizer,
             result.plan.new_ids,
             read_lines(args.heldout, limit=args.eval_limit),
+            rows=result.model.get_input_embeddings().weight.shape[0],
         )
         print(json.dumps(summary, indent=2))
 

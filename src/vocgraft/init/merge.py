@@ -24,7 +24,6 @@ Computed level by level (depth in the merge tree), one vectorized gather-and-ave
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 
 from vocgraft.init import InitContext, register, source_rows
 from vocgraft.init.mean import mean_rows
+from vocgraft.tokenization.spec import tokenizer_spec
 
 # A child reference: a source id (>= 0), or a new token's position p in plan.new_ids encoded as -(p + 1).
 Ref = int
@@ -39,7 +39,7 @@ Ref = int
 
 def target_merges(target_tokenizer: Any) -> tuple[list[tuple[str, str]], str | None]:
     """The target tokenizer's merges in rank order, and its continuing-subword prefix (None for none)."""
-    spec = json.loads(target_tokenizer.backend_tokenizer.to_str())["model"]
+    spec = tokenizer_spec(target_tokenizer)["model"]
     if spec.get("type") != "BPE":
         return [], None
     merges = []
