@@ -9,7 +9,7 @@ linear map) and ``salt-centered`` (our variant) run on the same PLM and fastText
 --deepfocus-langs the same target tokenizer and lines also go through the official ``deepfocus`` (timed end to end
 against ours, parity on the same fastText vectors; see focus_speed.py).
 
-    .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5]
+    .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5] [--plm-steps N]
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=32768)
     parser.add_argument("--eval-lines", type=int, default=500)
     parser.add_argument("--plm-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--plm-steps", type=int, help="also stop the PLM after N steps (a step budget does not depend on machine load)"
+    )
     parser.add_argument(
         "--fasttext-min-count", type=int, default=10, help="FOCUS/SALT fastText minCount (paper 002: 10)"
     )
@@ -92,7 +95,9 @@ def main() -> None:
             from vocgraft.train.plm import train_small_plm
 
             start = time.perf_counter()
-            plm = train_small_plm(target, train, steps=None, max_seconds=args.plm_minutes * 60, show_progress=False)
+            plm = train_small_plm(
+                target, train, steps=args.plm_steps, max_seconds=args.plm_minutes * 60, show_progress=False
+            )
             entry["plm_seconds"] = time.perf_counter() - start
             log = plm.vocgraft_training
             entry["plm"] = {k: log[k] for k in ("steps", "tokens_seen", "epochs", "first_loss", "last_loss")}
