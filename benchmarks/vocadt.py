@@ -82,6 +82,55 @@ def trained_facts(out: Path) -> dict:
     return facts
 
 
+def step_timing(model_name: str, tokenizer_dir: Path, lines: list[str], args) -> dict:
+    """Seconds per training step (forward, backward, AdamW) of each adapter form on one SmolLM2, the forms
+    interleaved ``--timing-reps`` times so that each sees the same machine load; the shared form also without its
+    once-per-forward reuse of ``A @ E_old`` (what every step paid before). Each timing is the second step after
+    attaching (the first warms up)."""
+    import statistics
+
+    import torch
+    from torch.nn.utils import parametrize
+
+    from vocgraft.plan import VocabPlan
+    from vocgraft.train.data import pack_tokens
+    from vocgraft.train.objectives import LMObjective
+    from vocgraft.train.strategies import configure
+    from vocgraft.train.vocadt import adapter_start, attach_adapters, aux_loss
+
+    model, source = load_model(model_name)
+    target = load_tokenizer(str(tokenizer_dir))
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    start = adapter_start(emb.weight, plan, source, target, candidates=args.candidates, seed=0)
+    batch = pack_tokens(target, lines[:400], args.seq_len)[: args.batch_size]
+    times: dict[str, list[float]] = {"separate": [], "shared": [], "shared, A @ E_old per side": []}
+    for _ in range(args.timing_reps):
+        for form, seconds in times.items():
+            adapters = attach_adapters(model, start, start if form == "separate" else None)
+            if form == "shared, A @ E_old per side":
+                for hook in adapters[0].scope_hooks:
+                    hook.remove()
+            objective = LMObjective(configure(model, "vocadt"), "clm", aux_loss(adapters, 0.1))
+            optimizer = torch.optim.AdamW([a.adapter for a in adapters], lr=args.vocadt_lr)
+            for step in range(2):
+                tick = time.perf_counter()
+                loss, _ = objective(batch)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step:
+                    seconds.append(time.perf_counter() - tick)
+            for module in (emb, head):  # back to the plain tied source for the next form
+                for hook in module.parametrizations.weight[0].scope_hooks:
+                    hook.remove()
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+            emb.num_embeddings = head.out_features = emb.weight.shape[0]
+            assert head.weight is emb.weight
+            print(f"timing {form}: {seconds[-1]:.2f} s/step", flush=True)
+    return {form: {"median": statistics.median(s), "all": s} for form, s in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -96,7 +145,11 @@ def main() -> None:
     parser.add_argument("--vocadt-lr", type=float, default=3e-4)
     parser.add_argument("--forms", nargs="*", default=["separate", "shared"], help="VocADT --adapters forms")
     parser.add_argument("--alphas", nargs="*", type=float, default=[0.1], help="paper 004: 0.1 for non-Latin")
-    parser.add_argument("--baselines", action="store_true", help="also FOCUS and embeddings-only LAPT")
+    parser.add_argument("--references", action="store_true", help="also the source model and untrained Mean")
+    parser.add_argument("--baselines", action="store_true", help="also FOCUS, embeddings-only LAPT (and the above)")
+    parser.add_argument("--val-lines", type=int, default=64)
+    parser.add_argument("--timing-reps", type=int, default=3, help="interleaved step timings per form (0: none)")
+    parser.add_argument("--timing-only", action="store_true", help="only the interleaved step timings")
     parser.add_argument("--lapt-lrs", nargs="*", type=float, default=[1e-4, 3e-4], help="embeddings-only LAPT lrs")
     parser.add_argument("--candidates", type=int, default=64)
     parser.add_argument("--eval-lines", type=int, default=200)
@@ -114,10 +167,13 @@ def main() -> None:
             like = load_tokenizer(args.model)
             target = train_tokenizer(lines[: args.tokenizer_lines], "bytelevel-bpe", args.vocab_size, like=like)
             target.save_pretrained(tokenizer_dir)
-            entry = {"source": heldout(args.model, text), "target_vocab": len(target), "runs": []}
+            entry = {"target_vocab": len(target), "runs": []}
+            if args.references or args.baselines:
+                entry["source"] = heldout(args.model, text)
             report["langs"][lang] = entry
-            print(f"{lang} source: {entry['source']}; target vocabulary {len(target)}", flush=True)
-            for init in ("mean", "focus") if args.baselines else ("mean",):
+            print(f"{lang} source: {entry.get('source')}; target vocabulary {len(target)}", flush=True)
+            inits = ("mean", "focus") if args.baselines else ("mean",) if args.references else ()
+            for init in () if args.timing_only else inits:
                 out = work / f"{lang}-{init}"
                 start = time.perf_counter()
                 replace_model(args.model, lines, init, out, tokenizer_spec=str(tokenizer_dir))
@@ -126,8 +182,8 @@ def main() -> None:
                 print(f"{lang} {entry['runs'][-1]}", flush=True)
                 write_json(f"{args.out}.json", report)
             budget = ["--max-steps", str(args.steps), "--sample", str(args.lines), "--batch-size", str(args.batch_size)]
-            budget += ["--seq-len", str(args.seq_len), "--val-lines", "64", "--eval-every", str(args.eval_every)]
-            budget += ["--seed", "0"]
+            budget += ["--seq-len", str(args.seq_len), "--val-lines", str(args.val_lines)]
+            budget += ["--eval-every", str(args.eval_every), "--seed", "0"]
             trainings = [
                 (
                     f"VocADT {form} alpha={alpha}",
@@ -144,7 +200,7 @@ def main() -> None:
                 )
                 for lr in (args.lapt_lrs if args.baselines else [])
             ]
-            for name, command in trainings:
+            for name, command in [] if args.timing_only else trainings:
                 out = work / f"{lang}-trained"
                 shutil.rmtree(out, ignore_errors=True)
                 wall = run_cli(command + ["--corpus", train, "--out", str(out)] + budget)
@@ -152,6 +208,9 @@ def main() -> None:
                 entry["runs"].append(run)
                 print(f"{lang} {name}: {run['bits_per_byte']:.3f} bits/byte, {run['seconds_per_step']:.1f} s/step, "
                       f"peak RSS {run['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+                write_json(f"{args.out}.json", report)
+            if args.timing_reps:  # last: the trainings' results come first on a busy machine
+                entry["step_timing"] = step_timing(args.model, tokenizer_dir, lines, args)
                 write_json(f"{args.out}.json", report)
         write_markdown(report, f"{args.out}.md")
 
@@ -163,17 +222,15 @@ def write_markdown(report: dict, path: str) -> None:
         f"{report['machine']}, {report['date']}. Target tokenizer: byte-level BPE, {a['vocab_size']} requested, "
         f"trained on the first {a['tokenizer_lines']} lines of the shared train split. Training: {a['steps']} "
         f"steps of {a['batch_size']} x {a['seq_len']} tokens on {a['lines']} sampled lines, seed 0, validation "
-        f"every {a['eval_every']} steps on 64 held-back lines; VocADT lr {a['vocadt_lr']} (sparse, "
+        f"every {a['eval_every']} steps on {a['val_lines']} held-back lines; VocADT lr {a['vocadt_lr']} (sparse, "
         f"K={a['candidates']}). Bits/byte of the saved models on the first {a['eval_lines']} held-out lines. "
         "`separate`: input and output adapters (paper 004's form; the saved model is untied); `shared`: one "
         "adapter on both sides (stays tied).\n",
     ]
     for lang, entry in report["langs"].items():
-        s = entry["source"]
-        text.append(
-            f"\n## {lang}\n\nsource: {s['bits_per_byte']:.3f} bits/byte at {s['tokens_per_line']:.1f} tokens/line; "
-            f"target vocabulary {entry.get('target_vocab', '?')}\n"
-        )
+        s = entry.get("source")
+        source = f"source: {s['bits_per_byte']:.3f} bits/byte at {s['tokens_per_line']:.1f} tokens/line; " if s else ""
+        text.append(f"\n## {lang}\n\n{source}target vocabulary {entry['target_vocab']}\n")
         rows = [
             [
                 r["name"],
@@ -191,13 +248,22 @@ def write_markdown(report: dict, path: str) -> None:
         ]
         header = ["run", "bits/byte", "uniform", "tokens/line", "val loss start", "val loss end", "s/step"]
         header += ["peak RSS MiB", "trainable", "tied output"]
-        text.append(markdown_table(header, rows))
+        if rows:
+            text.append(markdown_table(header, rows))
         curves = [r for r in entry["runs"] if "val_curve" in r]
         if curves:
             steps = [step for step, _ in curves[0]["val_curve"]]
             text.append("\nValidation loss by step:\n")
             rows = [[r["name"]] + [loss for _, loss in r["val_curve"]] for r in curves]
             text.append(markdown_table(["run"] + [str(step) for step in steps], rows))
+        timing = entry.get("step_timing")
+        if timing:
+            text.append(
+                f"\nStep time, the forms interleaved {a['timing_reps']} times in one process (same load; the "
+                "training runs above ran one after another under whatever load the shared machine had):\n"
+            )
+            rows = [[form, t["median"], " / ".join(f"{x:.2f}" for x in t["all"])] for form, t in timing.items()]
+            text.append(markdown_table(["form", "median s/step", "each"], rows))
         adapter = next((r["adapter"] for r in entry["runs"] if "adapter" in r), None)
         if adapter:
             m, n = adapter["memory"], adapter["adapter_modules"]

@@ -354,6 +354,13 @@ def test_vocadt_cli_errors(tiny_source, tmp_path, capsys):
     assert main(negative) == 2
     assert "--alpha must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    from vocgraft.recipes.vocadt import VocadtSettings, vocadt_model
+    from vocgraft.train.lapt import TrainConfig
+
+    config = TrainConfig(model=str(tiny_source / "source"), corpus=str(tiny_source / "el.txt"), out=str(tmp_path / "c"))
+    with pytest.raises(TrainingError, match="--adapters must be one of separate, shared"):
+        vocadt_model(VocadtSettings(adapters="tied"), config)
+    assert not (tmp_path / "c").exists()
 
 
 def test_vocadt_strategy_needs_adapters():
