@@ -282,7 +282,7 @@ def cmd_vocadt(args) -> None:
         vocab_size=args.vocab_size,
         alpha=args.alpha,
         candidates=None if args.dense else args.max_candidates,
-        untie_head=args.untie_head,
+        adapters=args.adapters,
     )
     summary = vocadt_model(settings, train_config(args))
     if not summary["main_process"]:
@@ -290,7 +290,8 @@ def cmd_vocadt(args) -> None:
     facts = summary["vocadt"]
     memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
     print(
-        f"{facts['form']} adapter x{facts['adapters']}: rows started as {facts['rows_started_as']}; "
+        f"{facts['adapters']} {facts['form']} adapters (x{facts['adapter_modules']}): rows started as "
+        f"{facts['rows_started_as']}, aux loss over {facts['aux_loss_rows']} shared-vocabulary rows; "
         f"adapter training state {memory}"
     )
     print_training(summary, args.out)
@@ -573,7 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     form = p.add_mutually_exclusive_group()
     form.add_argument("--max-candidates", type=int, default=64, help="K nearest old rows per new row (sparse form)")
     form.add_argument("--dense", action="store_true", help="a full |Vnew| x |Vold| adapter (large GPUs only)")
-    p.add_argument("--untie-head", action="store_true", help="tied source: a separate head adapter (untied output)")
+    p.add_argument(
+        "--adapters", choices=["separate", "shared"], default="separate", help="separate input and output adapters "
+        "(paper 004's form; a tied source is saved untied) or one adapter on both sides (a tied source stays tied)"
+    )  # fmt: skip
     p.set_defaults(func=cmd_vocadt)
 
     p = sub.add_parser("downstream", help="generation speed, MT chrF and NLI/SUM/SPAN scores (vs a baseline model)")
