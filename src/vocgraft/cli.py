@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from vocgraft.corpus import (
@@ -24,8 +25,11 @@ def write_json(path: str | Path, data: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cmd_info(args) -> None:
@@ -87,9 +91,9 @@ def cmd_eval(args) -> None:
         batch_size=args.batch_size,
         field=args.field,
     )
+    print(eval_markdown(result, name=Path(args.model).name or args.model))  # first: a failed write loses nothing
     if args.json:
         write_json(args.json, result)
-    print(eval_markdown(result, name=Path(args.model).name or args.model))
 
 
 def cmd_tokenizer_train(args) -> None:
@@ -181,9 +185,8 @@ def explain_zero_tokens(added: dict) -> str:
 
     if not added["skipped_reasons"]:
         return (
-            f"the auxiliary tokenizer has no token that the source lacks ({added['candidates_considered']} "
-            "candidates, all already in the source vocabulary); train it on target-language text with a larger "
-            "--aux-vocab-size, or drop --aux-tokenizer"
+            "every token of the auxiliary tokenizer that occurs in the corpus is already in the source vocabulary; "
+            "train it on target-language text with a larger --aux-vocab-size, or drop --aux-tokenizer"
         )
     reasons = "; ".join(f"{n} because {SKIP_REASONS[key]}" for key, n in added["skipped_reasons"].items())
     return f"every candidate was skipped ({reasons})"
@@ -200,22 +203,27 @@ def cmd_expand(args) -> None:
     heldout = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
     if heldout is not None:
         check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
-    out, result = expand_model(
-        args.model,
-        lines,
-        args.new_tokens,
-        args.init,
-        args.out,
-        aux_tokenizer_spec=args.aux_tokenizer,
-        aux_vocab_size=args.aux_vocab_size,
-        protect=protect,
-        scripts=scripts,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
-        **init_args(args),
-    )
+    with warnings.catch_warnings(record=True) as caught:  # shown below as our own one-line warnings
+        warnings.simplefilter("always", UserWarning)
+        out, result = expand_model(
+            args.model,
+            lines,
+            args.new_tokens,
+            args.init,
+            args.out,
+            aux_tokenizer_spec=args.aux_tokenizer,
+            aux_vocab_size=args.aux_vocab_size,
+            protect=protect,
+            scripts=scripts,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+            **init_args(args),
+        )
     added = result.expansion.to_dict()
+    for item in caught:
+        if not (added["added"] == 0 and str(item.message).startswith("only 0 of")):  # explained better below
+            warn("expand", " ".join(str(item.message).split()))
     scripts = ", ".join(result.scripts) if result.scripts else "any script"
     print(
         f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "

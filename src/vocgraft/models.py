@@ -129,7 +129,6 @@ def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file.")
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelLoadError(f"model path {spec} does not exist.")
-    check_hub_reachable(spec)
     return spec  # a hub id: same code path as a directory
 
 
@@ -150,7 +149,7 @@ def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
     import socket
     from urllib.parse import urlparse
 
-    if _hub_cached(repo_id):
+    if Path(repo_id).exists() or _hub_cached(repo_id):
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
     reason = "HF_HUB_OFFLINE is set"
@@ -184,6 +183,7 @@ def load_tokenizer(spec: str | os.PathLike):
     from transformers import AutoTokenizer
 
     where = resolve(spec, tokenizer_only=True)
+    check_hub_reachable(where)
     try:
         return AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as exc:
@@ -213,6 +213,7 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = resolve(spec)
+    check_hub_reachable(where)
     if tokenizer is None:
         try:
             tokenizer = AutoTokenizer.from_pretrained(where)

@@ -32,7 +32,7 @@ def _finite(x: float) -> bool:
 
 # dest -> (test, what it must be); a value of None (the flag not given) is never checked
 Rule = tuple[Callable[[Any], bool], str]
-AT_LEAST_1: Rule = (lambda v: v >= 1, "at least 1")
+AT_LEAST_1: Rule = (lambda v: v >= 1, "positive")
 POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "a finite number > 0")
 NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, "a finite number >= 0")
 # 256 byte symbols (or byte-fallback pieces) plus the special tokens come before any learned token
