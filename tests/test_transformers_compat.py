@@ -38,6 +38,7 @@ from vocgraft.corpus import SHARED_CORPORA
 # tokenizer.json we write has); huggingface_hub < 1 as 4.x requires
 OLDEST_LOAD = {"transformers": "4.45.2", "tokenizers": "0.20.3", "huggingface_hub": "0.36.2"}
 OLDEST_RUN = {"transformers": "4.47.1", "tokenizers": "0.21.4", "huggingface_hub": "0.36.2"}
+OLDEST_RUN_VERSION = tuple(int(x) for x in OLDEST_RUN["transformers"].split(".")[:2])
 REPO = Path(__file__).resolve().parents[1]
 ENVS = REPO / ".venv" / "compat"
 SRC = Path(vocgraft.__file__).resolve().parents[1]  # the vocgraft under test, also in the subprocesses
@@ -212,3 +213,18 @@ def test_saved_tokenizer_config_uses_keys_every_version_reads(tmp_path):
         messages, tokenize=False
     )
     assert sorted(loaded("Η γλώσσα").keys()) == ["attention_mask", "input_ids"]
+
+
+def test_gguf_conversion_under_an_older_transformers_is_a_clear_error(tmp_path, monkeypatch):
+    """Before 5.18 transformers converts SmolLM2's GGUF tokenizer with the wrong eos: refuse rather than adapt a
+    model whose tokenizer is wrong; a directory converted by a newer version is still used."""
+    from vocgraft import compat, models
+
+    monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(compat, "transformers_version", lambda: OLDEST_RUN_VERSION)
+    with pytest.raises(models.ModelLoadError, match=r"needs transformers >= 5\.18.*Hugging Face model directory"):
+        models.resolve("smollm2")
+    converted = tmp_path / "gguf" / models.file_sha256(models.alias_path("smollm2"))
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}", encoding="utf-8")
+    assert models.resolve("smollm2") == str(converted)

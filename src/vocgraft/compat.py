@@ -18,6 +18,24 @@ def transformers_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# GGUF tokenizers: before 5.18 transformers converts SmolLM2's with eos <|im_start|> (the file says <|im_end|>, id 2),
+# no pad, and (before 5.12) a BOS added to every encoding and decoding that drops it: 0/500 lines round-trip
+GGUF_TOKENIZER_FIXED = (5, 18)
+
+
+def gguf_conversion_problem() -> str | None:
+    """Why this transformers cannot convert GGUF files correctly, or None when it can."""
+    if transformers_version() >= GGUF_TOKENIZER_FIXED:
+        return None
+    import transformers
+
+    return (
+        f"transformers {transformers.__version__} converts GGUF tokenizers with wrong special tokens (eos, pad, an "
+        "added BOS); converting a GGUF file needs transformers >= 5.18: pip install -U 'transformers>=5.18', or give "
+        "a Hugging Face model directory or hub id instead"
+    )
+
+
 def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """``from_pretrained`` keyword for the weights' dtype: ``dtype`` from 4.56 on, ``torch_dtype`` before."""
     return {"dtype": dtype} if transformers_version() >= (4, 56) else {"torch_dtype": dtype}

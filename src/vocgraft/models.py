@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vocgraft.compat import dtype_kwargs, gguf_dequantize_kwargs
+from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
 from vocgraft.tokenization.portable import save_portable
 
 DEFAULT_MODEL = "smollm2"
@@ -96,6 +96,9 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
     """The cached HF directory for a GGUF file, converting it on first use."""
     target = cache_dir() / "gguf" / file_sha256(gguf_path)
     if not (target / "config.json").is_file():
+        problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
+        if problem:
+            raise ModelLoadError(f"{gguf_path.name}: {problem}.")
         _convert_gguf(gguf_path, target)
     return target
 
