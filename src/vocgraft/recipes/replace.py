@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocgraft.compat import add_extra_special_tokens
 from vocgraft.init import method_options
 from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import check_writable
@@ -46,7 +47,7 @@ def with_source_specials(source_tokenizer, target_tokenizer):
 
     missing = missing_special_tokens(source_tokenizer, target_tokenizer)
     if missing:
-        target_tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+        add_extra_special_tokens(target_tokenizer, missing)
     for role in ROLES:
         token = getattr(source_tokenizer, role, None)
         if token is not None and getattr(target_tokenizer, role, None) != token:
