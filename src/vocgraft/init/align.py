@@ -13,8 +13,9 @@ Why the auxiliary segmentation and not the expanded tokenizer's: vocgraft ranks 
 source merge, so wherever the expanded tokenizer emits a new token, that token covers exactly the source pieces
 of its own string, and Align over it is Mean (measured on SmolLM2 + Greek: identical rows). The papers' method
 rests on the source tokenizing a new token's text differently in different contexts; against the auxiliary
-segmentation it does (``ĠÎ¼Îµ``: ``ĠÎ¼ Îµ`` 555 times, ``ĠÎ¼ ÎµÏģ`` once, where the source's ``ÎµÏģ`` crosses the
-token's end), as it does against the authors' expanded tokenizers, which rank the auxiliary merges first.
+segmentation it does (4,096 Greek lines: ``ĠÎ¼Îµ`` is ``ĠÎ¼ Îµ`` 555 times, ``ĠÎ¼ ÎµÏģ`` once, where the
+source's ``ÎµÏģ`` crosses the token's end), as it does against the authors' expanded tokenizers, which rank the
+auxiliary merges first.
 New tokens are found in the auxiliary vocabulary by their raw string (expansion adds auxiliary tokens under the
 same raw strings).
 

@@ -10,9 +10,9 @@ everything it collects for a token. Tokens with no merge path get Random, the au
 Whose merges: the auxiliary tokenizer's (``ctx.aux``), as the papers' own expanded tokenizer ranks the auxiliary
 merges first. In replace mode that is the target tokenizer itself. vocgraft's expanded tokenizer instead ranks its
 new merges after every source merge and builds each new token from the pieces the source leaves, so a walk over
-*its* merges ends in the same pieces Mean averages. The auxiliary tree ends in the auxiliary tokenizer's own
-subwords (e.g. ``ĠÏĦÎ¿ = ĠÏĦ + Î¿`` where the source spells ``ĠÏĦÎ¿`` as ``ĠÏ Ħ Î¿``), which is the point of the
-method.
+*its* merges ends in the same pieces Mean averages. The auxiliary tree follows the auxiliary tokenizer's own
+subwords: on SmolLM2 + Greek, `` και`` (``ĠÎºÎ±Î¹``) is ``ĠÎºÎ± + Î¹`` there, but ``ĠÎº + Î±Î¹`` in the expansion
+and in the source's pieces; which is the point of the method.
 
 Nodes of the tree are raw vocab strings. Expansion compares tokens as raw strings (byte-level ``Ġ`` strings, or
 SentencePiece ``▁`` pieces, in the same alphabet as the source's), so a string is resolved as:
