@@ -361,7 +361,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens, two init methods, report + recommendation."""
+    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
     from vocgraft.pipeline.config import validate
     from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
 
@@ -613,7 +613,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
     p.add_argument("--k", default="100,1000", help="new-token counts to try")
-    p.add_argument("--init", default="mean,align", help="init methods to try")
+    p.add_argument(
+        "--init",
+        default="random,mean,align",
+        help="init methods to compare (the default: the common baseline and the papers' two best; each gives "
+        "different rows, a test checks it)",
+    )
     p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
     p.add_argument("--aux-vocab-size", type=int, default=8000)
     p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")
