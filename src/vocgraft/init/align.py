@@ -48,6 +48,7 @@ from vocgraft.init import InitContext, register, source_rows
 from vocgraft.init.merge import cached_tree, merge_rows, warn_random
 from vocgraft.progress import progress
 from vocgraft.tokenization.canonical import canonical_tokens
+from vocgraft.tokenization.ids import id_range
 
 BATCH_LINES = 8192  # lines per tokenizer call: large enough for the Rust batch encoder, small enough for memory
 
@@ -82,7 +83,7 @@ def token_byte_lengths(tokenizer) -> np.ndarray:
     try:
         forms = canonical_tokens(tokenizer)
     except ValueError:  # a family canonical.py does not know
-        return np.full(len(tokenizer), -1, dtype=np.int64)
+        return np.full(id_range(tokenizer), -1, dtype=np.int64)
     return np.fromiter((-1 if b is None else len(b) for b in forms), dtype=np.int64, count=len(forms))
 
 
