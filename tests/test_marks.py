@@ -276,6 +276,8 @@ def test_auto_refuses_to_revive_tokens_the_source_never_produced():
     hindi = heldout("hi")[:300]
     auto = choose_keep_marks("auto", source, hindi)
     assert not auto.keep and auto.never_produced_share > 0.1 and "never produced" in auto.reason
+    assert auto.never_produced == len(never_produced(source)) and "DEVANAGARI" in auto.reason
+    assert not choose_keep_marks("auto", source, heldout("th")[:300]).keep  # its Hindi text would change too
     with pytest.warns(UserWarning, match="never produced"):
         forced = choose_keep_marks("on", source, hindi)
     assert forced.keep and forced.never_produced_share == auto.never_produced_share

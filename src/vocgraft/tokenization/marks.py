@@ -27,7 +27,7 @@ benchmarks/results/marks_source.md has the table.
 Deciding: :func:`choose_keep_marks` turns the setting ``auto``/``on``/``off`` into a :class:`MarksChoice` that says
 what was chosen and why; ``auto`` keeps marks when the source's pre-tokenizer cuts them from their letters, they
 make up at least :data:`MIN_MARK_SHARE` of the corpus's letters and marks (see benchmarks/results/marks.md), and
-the source would not start producing never-produced tokens on the corpus.
+the source has no never-produced tokens that keeping marks would revive (``on`` still may, with a warning).
 
 What the init methods see: the source tokenizer as it was, since the source rows were learnt from its
 segmentation. Mean spells a token through the source's BPE model alone (no pre-tokenizer), so it is unaffected.
@@ -44,6 +44,7 @@ import json
 import re
 import unicodedata
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -298,14 +299,38 @@ def _letter_then_mark(text: str) -> bool:
     return any(unicodedata.category(a)[0] == "L" and unicodedata.category(b)[0] == "M" for a, b in zip(text, text[1:]))
 
 
-def never_produced_share(kept: Any, lines: list[str]) -> float:
+def never_produced_share(kept: Any, lines: list[str], dead: set[int] | None = None) -> float:
     """Share of the tokens ``kept`` (a tokenizer with marks kept) gives ``lines`` that its source never produced."""
-    dead = never_produced(kept)
+    dead = never_produced(kept) if dead is None else dead
     if not dead or not lines:
         return 0.0
     ids = kept(lines, add_special_tokens=False)["input_ids"]
     total = sum(map(len, ids))
     return sum(i in dead for row in ids for i in row) / total if total else 0.0
+
+
+def _revival(kept: Any, lines: list[str]) -> tuple[str, int, float] | None:
+    """What keeping marks would revive: a sentence for the reason, the token count and their share of ``lines``'s
+    tokens; None when the source has no never-produced tokens."""
+    from vocgraft.tokenization.canonical import canonical_tokens
+    from vocgraft.tokenization.scripts import char_script
+
+    dead = never_produced(kept)
+    if not dead:
+        return None
+    forms = canonical_tokens(kept)
+    scripts: Counter[str] = Counter()
+    for i in dead:
+        text = forms[i].decode("utf-8", errors="ignore")
+        scripts[next(char_script(a) for a, b in zip(text, text[1:]) if _letter_then_mark(a + b)) or "?"] += 1
+    share = never_produced_share(kept, lines, dead)
+    named = ", ".join(f"{script} {n:,}" for script, n in scripts.most_common(3))
+    text = (
+        f"the source has {len(dead):,} tokens spanning a letter and its mark ({named}) that its own regex never "
+        "produced, so a model trained through it never saw them; with marks kept its merges would start producing "
+        f"them ({share:.1%} of this corpus's tokens)"
+    )
+    return text, len(dead), share
 
 
 @dataclass
@@ -316,7 +341,8 @@ class MarksChoice:
     keep: bool
     reason: str
     mark_share: float | None = None  # of the corpus's letters and marks, when it was measured
-    # of the corpus's tokens under the source with marks kept: tokens the source never produced before
+    # tokens of the source that keeping marks would revive (never_produced), and their share of the corpus's tokens
+    never_produced: int | None = None
     never_produced_share: float | None = None
     _kept: Any = field(default=None, repr=False, compare=False)  # the rewritten source, once built
 
@@ -345,10 +371,11 @@ def choose_keep_marks(setting: str, source_tokenizer: Any, lines: Iterable[str] 
     """Resolve ``setting`` for ``source_tokenizer`` and a target corpus ``lines``.
 
     ``auto`` keeps marks when the source's pre-tokenizer cuts them from their letters, they are at least
-    :data:`MIN_MARK_SHARE` of the corpus's letters and marks, and keeping them would not make the source produce
-    tokens it never produced before (:func:`never_produced`) on the corpus. ``on`` for a source that already keeps
-    marks with letters (SentencePiece-style, or a regex with a mark class) changes nothing and says so; for a
-    byte-level regex that cannot be rewritten it is a MarksError; where it revives never-produced tokens it warns.
+    :data:`MIN_MARK_SHARE` of the corpus's letters and marks, and the source has no tokens that keeping them would
+    revive (:func:`never_produced`: they would come back on any text of their script, not only this corpus's).
+    ``on`` for a source that already keeps marks with letters (SentencePiece-style, or a regex with a mark class)
+    changes nothing and says so; for a byte-level regex that cannot be rewritten it is a MarksError; where it
+    revives never-produced tokens it warns.
     """
     check_setting(setting)
     if setting == "off":
@@ -356,17 +383,16 @@ def choose_keep_marks(setting: str, source_tokenizer: Any, lines: Iterable[str] 
     if not cuts_marks(source_tokenizer):
         return MarksChoice(setting, False, "the source's pre-tokenizer already keeps combining marks with letters")
     sample = list(itertools.islice(lines or [], MEASURE_LINES))
+    share = mark_share(sample) if sample else None
     if setting == "on":
         kept = with_marks(source_tokenizer)  # fail now if its regex cannot be rewritten
-        dead = never_produced_share(kept, sample[:REVIVE_LINES])
+        revival = _revival(kept, sample[:REVIVE_LINES])
         reason = "asked"
-        if dead:
-            reason += f"; {_revival(dead)}"
-            warnings.warn(f"--keep-marks on: {_revival(dead)}", stacklevel=2)
-        return MarksChoice(
-            setting, True, reason, mark_share(sample) if sample else None, dead, (source_tokenizer, kept)
-        )
-    share = mark_share(sample)
+        if revival:
+            reason += f"; note: {revival[0]}"
+            warnings.warn(f"--keep-marks on: {revival[0]}", stacklevel=2)
+        counts = revival[1:] if revival else (0, 0.0)
+        return MarksChoice(setting, True, reason, share, *counts, (source_tokenizer, kept))
     if share < MIN_MARK_SHARE:
         return MarksChoice(
             setting, False, f"combining marks are {share:.1%} of the corpus's letters (< {MIN_MARK_SHARE:.0%})", share
@@ -375,23 +401,17 @@ def choose_keep_marks(setting: str, source_tokenizer: Any, lines: Iterable[str] 
         kept = with_marks(source_tokenizer)
     except MarksError as exc:
         return MarksChoice(setting, False, f"the source's split regex cannot be rewritten: {exc}", share)
-    dead = never_produced_share(kept, sample[:REVIVE_LINES])
-    if dead:
-        return MarksChoice(setting, False, _revival(dead), share, dead)
+    revival = _revival(kept, sample[:REVIVE_LINES])
+    if revival:  # other languages' text would change too, not only this corpus's: off unless asked
+        return MarksChoice(setting, False, revival[0], share, *revival[1:])
     return MarksChoice(
         setting,
         True,
         f"combining marks are {share:.1%} of the corpus's letters (>= {MIN_MARK_SHARE:.0%})",
         share,
-        dead,
+        0,
+        0.0,
         (source_tokenizer, kept),
-    )
-
-
-def _revival(share: float) -> str:
-    return (
-        f"{share:.1%} of the corpus's tokens would be source tokens that span a letter and its mark, which the "
-        "source's own regex never produced (a model trained through it never saw them)"
     )
 
 
