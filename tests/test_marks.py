@@ -28,7 +28,7 @@ from vocgraft.tokenization.marks import (
     split_patterns,
     with_marks,
 )
-from vocgraft.tokenization.train import _is_bytelevel
+from vocgraft.tokenization.spec import is_bytelevel
 
 LANGS = sorted(p.name for p in SHARED_CORPORA.iterdir() if (p / "heldout.txt").is_file())
 
@@ -43,8 +43,8 @@ def spec_of(name: str) -> dict:
     return json.loads((SHARED_TOKENIZERS / name / "tokenizer.json").read_text(encoding="utf-8"))
 
 
-BYTE_LEVEL = [name for name in FAMILIES if _is_bytelevel(spec_of(name))] + ["smollm2"]
-SENTENCEPIECE = [name for name in FAMILIES if not _is_bytelevel(spec_of(name))]
+BYTE_LEVEL = [name for name in FAMILIES if is_bytelevel(spec_of(name))] + ["smollm2"]
+SENTENCEPIECE = [name for name in FAMILIES if not is_bytelevel(spec_of(name))]
 
 
 @cache

@@ -51,6 +51,8 @@ from typing import Any
 
 from tokenizers import Tokenizer, models
 
+from vocgraft.tokenization.spec import is_bytelevel
+
 KEEP_MARKS_SETTINGS = ("auto", "on", "off")
 # ``auto`` keeps marks from this share of combining marks among the corpus's letters and marks: Hindi 38%,
 # Telugu 42%, Sinhala 32%, Thai 22%, Arabic 1.5% (harakat), Latin/Cyrillic/Greek/CJK/Hangul text in NFC 0%
@@ -207,9 +209,7 @@ def explicit_split_spec(spec: dict) -> dict:
 def keep_marks_spec(spec: dict) -> dict | None:
     """A byte-level BPE tokenizer.json whose split regexes keep combining marks with their letters; None when
     its regexes have a mark class already (o200k-style, or rewritten before). Only ``pre_tokenizer`` differs."""
-    from vocgraft.tokenization.train import _is_bytelevel
-
-    if not _is_bytelevel(spec):
+    if not is_bytelevel(spec):
         raise MarksError(
             f"keeping marks rewrites a byte-level BPE split regex; this tokenizer's model is "
             f"{spec['model'].get('type')} without a ByteLevel pre-tokenizer. Use --keep-marks off "
@@ -418,12 +418,10 @@ def choose_keep_marks(setting: str, source_tokenizer: Any, lines: Iterable[str] 
 def follow_given(setting: str, source_tokenizer: Any, given: Any, role: str) -> MarksChoice:
     """The choice when the user gives the tokenizer that vocgraft would train (``--aux-tokenizer``, ``--tokenizer``):
     ``auto`` follows it; ``on``/``off`` that contradict it are a MarksError (the two would split differently)."""
-    from vocgraft.tokenization.train import _is_bytelevel
-
     check_setting(setting)
     if not cuts_marks(source_tokenizer):
         return MarksChoice(setting, False, "the source's pre-tokenizer already keeps combining marks with letters")
-    if not _is_bytelevel(_spec(given)):
+    if not is_bytelevel(_spec(given)):
         return MarksChoice(setting, False, f"the given {role} tokenizer is not byte-level BPE; it splits as it does")
     keeps = not cuts_marks(given)
     if setting != "auto" and keeps != (setting == "on"):
