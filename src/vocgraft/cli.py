@@ -106,6 +106,10 @@ def cmd_tokenizer_train(args) -> None:
     check_writable(args.out, args.overwrite)
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     like = load_tokenizer(args.like) if args.like else None
+    marks = like_marks(args.keep_marks, args.kind, like, lines)
+    if marks is not None:
+        print(marks.describe())
+        like = marks.apply(like)
     try:
         tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
     except TokenizerError as exc:  # a --like of the wrong family: name the flag and the path
@@ -116,9 +120,27 @@ def cmd_tokenizer_train(args) -> None:
         tokenizer,
         args.out,
         overwrite=args.overwrite,
-        manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}},
+        manifest={
+            "inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like},
+            "keep_marks": marks.to_dict() if marks else None,
+        },
     )
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
+
+
+def like_marks(setting: str, kind: str, like, lines):
+    """`tokenizer train`: whether the copied split regex of a byte-level ``--like`` keeps combining marks; None
+    where there is no such regex to copy."""
+    from vocgraft.tokenization.marks import MarksError, choose_keep_marks
+
+    if like is not None and kind == "bytelevel-bpe":
+        return choose_keep_marks(setting, like, lines)
+    if setting == "on":
+        raise MarksError(
+            "--keep-marks on rewrites the split regex copied from --like; it needs --kind bytelevel-bpe and --like "
+            "(SentencePiece kinds do not split marks from letters)."
+        )
+    return None
 
 
 def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
@@ -218,8 +240,10 @@ def cmd_expand(args) -> None:
             seed=args.seed,
             overwrite=args.overwrite,
             inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+            keep_marks=args.keep_marks,
             **init_args(args),
         )
+    print(result.marks.describe())
     added = result.expansion.to_dict()
     for item in caught:
         if not (added["added"] == 0 and str(item.message).startswith("only 0 of")):  # explained better below
@@ -269,8 +293,10 @@ def cmd_replace(args) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines)},
+        keep_marks=args.keep_marks,
         **init_args(args),
     )
+    print(result.marks.describe())
     summary = result.plan.summary()
     print(
         f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
@@ -436,7 +462,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens, two init methods, report + recommendation."""
+    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
     from vocgraft.pipeline.config import validate
     from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
 
@@ -495,6 +521,20 @@ def init_args(args) -> dict:
         "method_inputs": {name: getattr(args, name) for name in USER_INPUTS},
         "options": {name: getattr(args, name) for name in all_options()},
     }
+
+
+def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
+    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, MIN_MARK_SHARE
+
+    p.add_argument(
+        "--keep-marks",
+        choices=KEEP_MARKS_SETTINGS,
+        default="auto",
+        help=f"keep combining marks (vowel signs, viramas) with their letters in {where}; auto: on when the "
+        f"source's regex cuts them off, they are at least {MIN_MARK_SHARE * 100:.0f}%% of the corpus's letters, and "
+        "the source would not start producing tokens it never produced; with a given aux/target tokenizer: as that "
+        "one does",
+    )
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -570,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kind", required=True, choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"])
     t.add_argument("--vocab-size", type=int, default=50000)
     t.add_argument("--like", help="source model/tokenizer whose pre-tokenization and special tokens to copy")
+    add_keep_marks_arg(t, "the split regex copied from a byte-level --like")
     t.add_argument("--sample", type=int, help="train on a seeded sample of N lines")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True)
@@ -594,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="writing systems new tokens must use: auto (the corpus's dominant ones, e.g. DEVANAGARI), any, "
         "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
     )
+    add_keep_marks_arg(p, "the expanded tokenizer's split regex (byte-level BPE sources)")
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
     p.add_argument("--eval-limit", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
@@ -610,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kind of the trained target tokenizer (default: the source's family)",
     )
     p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
+    add_keep_marks_arg(p, "the split regex of a trained byte-level target tokenizer")
     add_init_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
@@ -688,7 +731,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
     p.add_argument("--k", default="100,1000", help="new-token counts to try")
-    p.add_argument("--init", default="mean,align", help="init methods to try")
+    p.add_argument(
+        "--init",
+        default="random,mean,align",
+        help="init methods to compare (the default: the common baseline and the papers' two best; each gives "
+        "different rows, a test checks it)",
+    )
     p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
     p.add_argument("--aux-vocab-size", type=int, default=8000)
     p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")

@@ -30,12 +30,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
+    from vocgraft.tokenization.marks import MarksError
     from vocgraft.tokenization.train import TokenizerError
     from vocgraft.train.data import TrainingError
 
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError, ArgumentError, TokenizerError,
+        ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError,
     )  # fmt: skip
 
 

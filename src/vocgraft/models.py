@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
 DEFAULT_MODEL = "smollm2"
@@ -65,11 +67,11 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kwargs
+        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
@@ -82,7 +84,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         (tmp / "vocgraft-source.json").write_text(
             json.dumps({"gguf": str(gguf_path), "sha256": target.name}, indent=2), encoding="utf-8"
         )
@@ -99,6 +101,9 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
             raise ModelLoadError(f"{gguf_path} is not a GGUF file (it does not start with 'GGUF'); re-download it.")
     target = cache_dir() / "gguf" / file_sha256(gguf_path)
     if not (target / "config.json").is_file():
+        problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
+        if problem:
+            raise ModelLoadError(f"{gguf_path.name}: {problem}.")
         try:
             _convert_gguf(gguf_path, target)
         except (ValueError, KeyError, IndexError, EOFError, struct.error) as exc:  # what a damaged file raises
@@ -220,7 +225,7 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, t
         except (OSError, ValueError) as exc:
             raise _tokenizer_error(spec, where, exc) from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(dtype))
     except SafetensorError as exc:
         raise _weights_error(spec, where, exc) from None
     except OSError as exc:
