@@ -19,7 +19,9 @@ from pathlib import Path
 
 from tiny import lines, tiny_source_dir, tiny_unigram_tokenizer, tiny_wordpiece_tokenizer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+import vocgraft
+
+SRC = Path(vocgraft.__file__).resolve().parents[1]  # the code under test (a subprocess runs the same)
 
 
 def build_world(root: Path) -> Path:
