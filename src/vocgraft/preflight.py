@@ -33,8 +33,8 @@ def _finite(x: float) -> bool:
 # dest -> (test, what it must be); a value of None (the flag not given) is never checked
 Rule = tuple[Callable[[Any], bool], str]
 AT_LEAST_1: Rule = (lambda v: v >= 1, "positive")
-POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "a finite number > 0")
-NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, "a finite number >= 0")
+POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "> 0 (a finite number)")
+NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, ">= 0 (a finite number)")
 # 256 byte symbols (or byte-fallback pieces) plus the special tokens come before any learned token
 MIN_VOCAB = 300
 RULES: dict[str, Rule] = {
