@@ -40,6 +40,18 @@ def cmd_info(args) -> None:
     print(json.dumps(info, indent=2))
 
 
+def cmd_methods(args) -> None:
+    """The init method registry: what each method needs, its settings, and where it is defined."""
+    from vocgraft.init import METHODS
+    from vocgraft.recipes.common import USER_INPUTS
+
+    for method in sorted(METHODS.values(), key=lambda m: m.name):
+        needs = ", ".join(USER_INPUTS.get(need, need) for need in sorted(method.needs)) or "nothing"
+        print(f"{method.name}: {method.summary}\n  defined in: {method.reference}\n  needs: {needs}")
+        for option in method.options:
+            print(f"  {option.flag} (default {option.default}): {option.help}")
+
+
 def run_eval(
     model_spec: str,
     text: str,
@@ -589,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="load a source model and describe it")
     add_model_arg(p)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("methods", help="list the init methods: what each needs, its settings, its paper")
+    p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("eval", help="token counts, speedup proxy, bits per byte and perplexity on a text")
     add_model_arg(p)
