@@ -35,7 +35,7 @@ from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import train_tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ["random", "multivariate", "mean", "focus", "salt", "salt-centered"]  # registry methods
+METHODS = ["random", "multivariate", "mean", "merge", "align", "focus", "salt", "salt-centered"]  # registry methods
 
 
 def main() -> None:
