@@ -96,7 +96,7 @@ def test_a_family_expansion_cannot_edit_is_refused_before_any_work(tmp_path, cap
     def loaded(*args, **kwargs):
         raise AssertionError("the model was loaded before the tokenizer family was checked")
 
-    monkeypatch.setattr(recipe, "load_model", loaded)
+    monkeypatch.setattr(recipe, "open_source", loaded)
     assert main(expand_args(tmp_path, tmp_path / "out", "mean")) == 2
     err = capsys.readouterr().err
     assert "cannot expand a" in err and "byte-level BPE" in err and "vocgraft replace" in err

@@ -121,7 +121,8 @@ def continuation_logprob(model, tokenizer, prompt: str, continuations: Sequence[
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     with torch.no_grad():
-        logprobs = model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+        logprobs = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
+        logprobs = logprobs.float().log_softmax(-1).cpu()
     scores = []
     for row, seq in enumerate(sequences):
         positions = range(len(prompt_ids), len(seq))

@@ -194,16 +194,37 @@ def initialize(model: Any, method: str, ctx: InitContext) -> tuple[torch.Tensor,
     """Rows for ``ctx.plan.new_ids``: (input-embedding rows, LM-head rows or None when the head is tied).
 
     Computed in float32 from the stored weights (unscaled: a model that multiplies embeddings by sqrt(hidden)
-    does so in its forward pass, not in the weight), and returned in float32.
+    does so in its forward pass, not in the weight), on the model's device, and returned in float32.
     """
-    spec = get_method(method)
-    ctx = replace(ctx, model=model, options=method_options(method, ctx.options))
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    tied = head is None or head.weight.data_ptr() == emb.data_ptr()
-    input_rows = _run(spec, emb, replace(ctx, space="input"))
-    head_rows = None if tied else _run(spec, head.weight, replace(ctx, space="head"))
+    tied = head is None or head.weight is emb or head.weight.data_ptr() == emb.data_ptr()
+    return initialize_matrices(method, replace(ctx, model=model), emb, None if tied else head.weight)
+
+
+Matrix = torch.Tensor | Callable[[], torch.Tensor]
+
+
+def initialize_matrices(
+    method: str, ctx: InitContext, input_matrix: Matrix, head_matrix: Matrix | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`initialize` on given source matrices instead of a model: (input rows, head rows or None).
+
+    ``head_matrix`` None means a tied head (or none). Either matrix may be a zero-argument callable returning it:
+    it is called when its pass starts and released when the pass ends, so a caller that reads matrices from disk
+    holds one of them at a time. A method that runs the model ("model" in its ``needs``) needs ``ctx.model``.
+    """
+    spec = get_method(method)
+    if "model" in spec.needs and ctx.model is None:
+        raise MethodInputError(f"init method {method!r} runs the source model; it needs the loaded model.")
+    ctx = replace(ctx, options=method_options(method, ctx.options))
+    input_rows = _run(spec, _matrix(input_matrix), replace(ctx, space="input"))
+    head_rows = None if head_matrix is None else _run(spec, _matrix(head_matrix), replace(ctx, space="head"))
     return input_rows, head_rows
+
+
+def _matrix(given: Matrix) -> torch.Tensor:
+    return given() if callable(given) and not isinstance(given, torch.Tensor) else given
 
 
 def _run(method: Method, matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:

@@ -12,10 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.init import method_options
-from vocgraft.models import load_model, load_tokenizer
+from vocgraft.models import load_tokenizer
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
+from vocgraft.recipes.common import (
+    check_method_inputs,
+    init_and_graft,
+    method_resources,
+    method_stats,
+    open_source,
+    save_adapted,
+)
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 from vocgraft.tokenization.expand import expandable_family
 from vocgraft.tokenization.scripts import dominant_scripts
@@ -127,17 +134,24 @@ def expand_model(
     inputs: dict | None = None,
     method_inputs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    surgery: str = "auto",
 ) -> tuple[Path, Expanded]:
     """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest.
 
-    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings."""
+    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings.
+    ``dtype`` (auto: the source's) is the saved model's; ``surgery`` picks how the model is edited
+    (:func:`~vocgraft.recipes.common.open_source`: on its files without loading it, or loaded on ``device``)."""
     check_writable(out_dir, overwrite)  # before minutes of work
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
     check_method_inputs(init, method_inputs)
     source_tokenizer = load_tokenizer(model_spec)
     check_expandable(source_tokenizer)  # before the model is loaded
-    model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
+    model, source_tokenizer, surgery_facts = open_source(
+        model_spec, init, dtype=dtype, device=device, surgery=surgery, tokenizer=source_tokenizer
+    )
     aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
     result = expand_loaded(
         model,
@@ -182,6 +196,7 @@ def expand_model(
         },
         "timings": result.timings,
         "init_stats": result.stats,
+        "surgery": surgery_facts,
     }
     out = save_adapted(
         result.model,

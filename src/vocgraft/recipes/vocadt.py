@@ -50,7 +50,7 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
     timings = {}
     start = time.perf_counter()
-    model, source_tokenizer = load_model(config.model)
+    model, source_tokenizer = load_model(config.model, config.dtype, "cpu")  # accelerate places it
     given = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
     lines = [] if given else read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
     target = target_tokenizer_for(
