@@ -52,10 +52,12 @@ def open_source(
     method needs no forward pass and the source is a local safetensors directory whose tensors match the model's;
     otherwise the model loaded whole in ``dtype`` on ``device``. ``surgery`` forces a path ("shards" refuses
     when it cannot be taken)."""
+    from vocgraft.devices import resolve_device
     from vocgraft.models import ModelLoadError, load_model, load_tokenizer, resolve
 
     if surgery not in SURGERY_PATHS:
         raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")
+    resolve_device(device)  # a device that is not there is an error whichever path runs
     where = resolve(model_spec)
     if "model" in get_method(init).needs:
         why = f"init method {init!r} runs the model"

@@ -224,6 +224,17 @@ def trained_objective(accelerator, wrapped, skeleton: torch.nn.Module | None) ->
     return skeleton
 
 
+def _checkpoint_activations(model) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant: works with frozen inputs,
+    LoRA and FSDP); transformers 5 names it activation checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
 def _hold(model, frozen: torch.dtype) -> None:
     """Frozen weights in ``frozen``, trained ones in float32 (the optimizer's master weights)."""
     for param in model.parameters():
@@ -301,8 +312,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     loaded_dtypes = {name: param.dtype for name, param in model.named_parameters()}
     _hold(model, frozen)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        _checkpoint_activations(model)
     chunks = pack_tokens(tokenizer, train_lines, config.seq_len)
     val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len)
     micro, procs = config.batch_size, accelerator.num_processes
@@ -453,6 +463,12 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
     mixed = training_precision(weights, device, config.mixed_precision)
     if config.mixed_precision == "auto" and os.environ.get("ACCELERATE_MIXED_PRECISION"):
         mixed = None  # the launcher's setting (accelerate launch --mixed_precision / its config) wins over auto
+    if not launched:
+        # accelerate keeps one device and precision per process; a second run in the same process (a sweep, a
+        # pipeline, tests) may need others. A launched process trains once and keeps its process group.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
     # on a machine without GPUs, processes of a multi-process launch talk over gloo: accelerate only picks that
     # when told the run is a CPU run
     return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), weights
