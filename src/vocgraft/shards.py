@@ -156,22 +156,31 @@ class ShardedModel:
         return self.source_state[name].dtype
 
     def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """Tensor ``name`` as ``from_pretrained`` would hold it (cast to its parameter dtype), then in ``dtype``;
-        converted block by block so a cast never needs a second full-size copy."""
-        from safetensors import safe_open
+        """Tensor ``name`` as ``from_pretrained`` would hold it (cast to its parameter dtype), then in ``dtype``.
 
+        Read block by block with plain file reads into the result: a cast never needs a second full-size copy, and
+        no file is memory-mapped (mapped pages count as this process's resident memory until the file is closed;
+        read pages stay in the kernel's reclaimable cache)."""
         entry = self.tensors[name]
         loaded = self.param_dtype(name)
-        out = torch.empty(entry.shape, dtype=dtype)
-        if not entry.shape or entry.shape[0] == 0:
+        if entry.dtype is None or not entry.shape or entry.shape[0] == 0:  # no torch dtype for it, or a scalar
+            from safetensors import safe_open
+
             with safe_open(entry.file, framework="pt") as fh:
                 return fh.get_tensor(name).to(loaded).to(dtype)
-        row_bytes = max(1, entry.nbytes // entry.shape[0])
-        step = max(1, BLOCK_BYTES // row_bytes)
-        with safe_open(entry.file, framework="pt") as fh:
-            piece = fh.get_slice(name)
+        out = torch.empty(entry.shape, dtype=dtype)
+        row_bytes = entry.nbytes // entry.shape[0]
+        step = max(1, BLOCK_BYTES // max(row_bytes, 1))
+        buffer = bytearray(min(step, entry.shape[0]) * row_bytes)
+        with open(entry.file, "rb", buffering=0) as fh:
             for start in range(0, entry.shape[0], step):
-                out[start : start + step] = piece[start : start + step].to(loaded)
+                rows = min(step, entry.shape[0] - start)
+                view = memoryview(buffer)[: rows * row_bytes]
+                fh.seek(entry.begin + start * row_bytes)
+                if fh.readinto(view) != len(view):
+                    raise OSError(f"{entry.file} ended inside tensor {name}")
+                block = torch.frombuffer(view, dtype=entry.dtype).view(rows, *entry.shape[1:])
+                out[start : start + rows] = block.to(loaded)
         return out
 
     def matrix_reader(self, space: str) -> Callable[[], torch.Tensor]:
