@@ -109,14 +109,36 @@ def cmd_tokenizer_train(args) -> None:
     check_writable(args.out, args.overwrite)
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     like = load_tokenizer(args.like) if args.like else None
+    marks = like_marks(args.keep_marks, args.kind, like, lines)
+    if marks is not None:
+        print(marks.describe())
+        like = marks.apply(like)
     tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
     save_tokenizer(
         tokenizer,
         args.out,
         overwrite=args.overwrite,
-        manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}},
+        manifest={
+            "inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like},
+            "keep_marks": marks.to_dict() if marks else None,
+        },
     )
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
+
+
+def like_marks(setting: str, kind: str, like, lines):
+    """`tokenizer train`: whether the copied split regex of a byte-level ``--like`` keeps combining marks; None
+    where there is no such regex to copy."""
+    from vocgraft.tokenization.marks import MarksError, choose_keep_marks
+
+    if like is not None and kind == "bytelevel-bpe":
+        return choose_keep_marks(setting, like, lines)
+    if setting == "on":
+        raise MarksError(
+            "--keep-marks on rewrites the split regex copied from --like; it needs --kind bytelevel-bpe and --like "
+            "(SentencePiece kinds do not split marks from letters)."
+        )
+    return None
 
 
 def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
@@ -165,8 +187,10 @@ def cmd_expand(args) -> None:
         dtype=args.dtype,
         device=args.device,
         surgery=args.surgery,
+        keep_marks=args.keep_marks,
         **init_args(args),
     )
+    print(result.marks.describe())
     added = result.expansion.to_dict()
     scripts = ", ".join(result.scripts) if result.scripts else "any script"
     print(
@@ -207,8 +231,10 @@ def cmd_replace(args) -> None:
         dtype=args.dtype,
         device=args.device,
         surgery=args.surgery,
+        keep_marks=args.keep_marks,
         **init_args(args),
     )
+    print(result.marks.describe())
     summary = result.plan.summary()
     print(
         f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
@@ -296,7 +322,7 @@ def cmd_vocadt(args) -> None:
         vocab_size=args.vocab_size,
         alpha=args.alpha,
         candidates=None if args.dense else args.max_candidates,
-        untie_head=args.untie_head,
+        adapters=args.adapters,
     )
     summary = vocadt_model(settings, train_config(args))
     if not summary["main_process"]:
@@ -304,7 +330,8 @@ def cmd_vocadt(args) -> None:
     facts = summary["vocadt"]
     memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
     print(
-        f"{facts['form']} adapter x{facts['adapters']}: rows started as {facts['rows_started_as']}; "
+        f"{facts['adapters']} {facts['form']} adapters (x{facts['adapter_modules']}): rows started as "
+        f"{facts['rows_started_as']}, aux loss over {facts['aux_loss_rows']} shared-vocabulary rows; "
         f"adapter training state {memory}"
     )
     print_training(summary, args.out)
@@ -375,7 +402,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens, two init methods, report + recommendation."""
+    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
     from vocgraft.pipeline.config import validate
     from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
 
@@ -436,6 +463,20 @@ def init_args(args) -> dict:
         "method_inputs": {name: getattr(args, name) for name in USER_INPUTS},
         "options": {name: getattr(args, name) for name in all_options()},
     }
+
+
+def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
+    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, MIN_MARK_SHARE
+
+    p.add_argument(
+        "--keep-marks",
+        choices=KEEP_MARKS_SETTINGS,
+        default="auto",
+        help=f"keep combining marks (vowel signs, viramas) with their letters in {where}; auto: on when the "
+        f"source's regex cuts them off, they are at least {MIN_MARK_SHARE * 100:.0f}%% of the corpus's letters, and "
+        "the source would not start producing tokens it never produced; with a given aux/target tokenizer: as that "
+        "one does",
+    )
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -540,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kind", required=True, choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"])
     t.add_argument("--vocab-size", type=int, default=50000)
     t.add_argument("--like", help="source model/tokenizer whose pre-tokenization and special tokens to copy")
+    add_keep_marks_arg(t, "the split regex copied from a byte-level --like")
     t.add_argument("--sample", type=int, help="train on a seeded sample of N lines")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True)
@@ -565,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
     )
     add_surgery_arg(p)
+    add_keep_marks_arg(p, "the expanded tokenizer's split regex (byte-level BPE sources)")
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
     p.add_argument("--eval-limit", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
@@ -581,6 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kind of the trained target tokenizer (default: the source's family)",
     )
     p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
+    add_keep_marks_arg(p, "the split regex of a trained byte-level target tokenizer")
     add_init_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
@@ -622,7 +666,10 @@ def build_parser() -> argparse.ArgumentParser:
     form = p.add_mutually_exclusive_group()
     form.add_argument("--max-candidates", type=int, default=64, help="K nearest old rows per new row (sparse form)")
     form.add_argument("--dense", action="store_true", help="a full |Vnew| x |Vold| adapter (large GPUs only)")
-    p.add_argument("--untie-head", action="store_true", help="tied source: a separate head adapter (untied output)")
+    p.add_argument(
+        "--adapters", choices=["separate", "shared"], default="separate", help="separate input and output adapters "
+        "(paper 004's form; a tied source is saved untied) or one adapter on both sides (a tied source stays tied)"
+    )  # fmt: skip
     p.set_defaults(func=cmd_vocadt)
 
     p = sub.add_parser("downstream", help="generation speed, MT chrF and NLI/SUM/SPAN scores (vs a baseline model)")
@@ -659,7 +706,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
     p.add_argument("--k", default="100,1000", help="new-token counts to try")
-    p.add_argument("--init", default="mean,align", help="init methods to try")
+    p.add_argument(
+        "--init",
+        default="random,mean,align",
+        help="init methods to compare (the default: the common baseline and the papers' two best; each gives "
+        "different rows, a test checks it)",
+    )
     p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
     p.add_argument("--aux-vocab-size", type=int, default=8000)
     p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")
@@ -675,11 +727,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
+    from vocgraft.tokenization.marks import MarksError
     from vocgraft.train.data import TrainingError
 
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError, DeviceError,
+        ConfigError, MethodInputError, DeviceError, MarksError,
     )  # fmt: skip
 
 

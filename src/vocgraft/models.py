@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
 DEFAULT_MODEL = "smollm2"
@@ -64,11 +66,11 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kwargs
+        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
@@ -81,7 +83,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         (tmp / "vocgraft-source.json").write_text(
             json.dumps({"gguf": str(gguf_path), "sha256": target.name}, indent=2), encoding="utf-8"
         )
@@ -95,6 +97,9 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
     """The cached HF directory for a GGUF file, converting it on first use."""
     target = cache_dir() / "gguf" / file_sha256(gguf_path)
     if not (target / "config.json").is_file():
+        problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
+        if problem:
+            raise ModelLoadError(f"{gguf_path.name}: {problem}.")
         _convert_gguf(gguf_path, target)
     return target
 
@@ -172,7 +177,7 @@ def load_model(
     placement = {"device_map": {"": str(target)}} if target.type != "cpu" else {}
     try:
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **placement)
+        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(torch_dtype), **placement)
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
     if torch_dtype == "auto":  # now that the dtype is known, the device must be able to run it

@@ -107,9 +107,11 @@ class ShardedModel:
         tensor gets), and the headers of the weight files. ShardMismatch when the two do not match one to one."""
         from transformers import AutoModelForCausalLM
 
+        from vocgraft.compat import dtype_kwargs
+
         folder = Path(where)
         torch_dtype = resolve_dtype(dtype, stored_dtype(folder), torch.device("cpu"))
-        skeleton = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, device_map="meta")
+        skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
         skeleton.eval()
         return cls(folder, skeleton, checkpoint_tensors(folder))
 
@@ -256,7 +258,11 @@ class ShardedModel:
     def _save_configs(self, out: Path) -> None:
         """config.json and generation_config.json as ``save_pretrained`` writes them (dtype, architectures)."""
         model = self.skeleton
-        model.config.dtype = str(model.dtype).split(".")[1]
+        from vocgraft.compat import transformers_version
+
+        # the key save_pretrained writes: ``dtype`` from 4.56 on, ``torch_dtype`` before
+        key = "dtype" if transformers_version() >= (4, 56) else "torch_dtype"
+        setattr(model.config, key, str(model.dtype).split(".")[1])
         model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
         model.config.save_pretrained(out)
         if model.can_generate():

@@ -14,12 +14,13 @@ import fcntl
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vocgraft.eval.tasks import METRIC, TASKS
+from vocgraft.eval.tasks import METRICS, TASKS
 
 STAGE_FILE = "vocgraft-stage.json"
 
@@ -110,7 +111,7 @@ def run_pipeline(config: dict) -> dict:
     vocab = adapt["aux_vocab_size"] if adapt["mode"] == "expand" else adapt["vocab_size"]
     tokenizer = stage(
         "tokenizer",
-        {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab},
+        {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab, "keep_marks": adapt["keep_marks"]},
         lambda p: _train_tokenizer(config, lines(), p),
     )
     adapt_params = _keyed(
@@ -169,17 +170,23 @@ def _keyed(config: dict, section: str, params: dict) -> dict:
 def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
     from vocgraft.models import load_tokenizer
     from vocgraft.recipes.expand import train_aux_tokenizer
-    from vocgraft.recipes.replace import target_tokenizer_for
+    from vocgraft.recipes.replace import target_marks, target_tokenizer_for
+    from vocgraft.tokenization.marks import choose_keep_marks
     from vocgraft.tokenization.portable import save_portable
 
     source = load_tokenizer(config["model"])
     adapt = config["adapt"]
     if adapt["mode"] == "expand":
-        tokenizer = train_aux_tokenizer(source, lines, adapt["aux_vocab_size"], config["seed"])
+        marks = choose_keep_marks(adapt["keep_marks"], source, lines)
+        tokenizer = train_aux_tokenizer(marks.apply(source), lines, adapt["aux_vocab_size"], config["seed"])
     else:
-        tokenizer = target_tokenizer_for(source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"])
+        marks = target_marks(adapt["keep_marks"], source, lines)
+        tokenizer = target_tokenizer_for(
+            source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"], marks=marks
+        )
+    print(f"tokenizer stage: {marks.describe()}", file=sys.stderr)
     save_portable(tokenizer, path)
-    return {"size": len(tokenizer), "lines": len(lines)}
+    return {"size": len(tokenizer), "lines": len(lines), "keep_marks": marks.to_dict()}
 
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
@@ -200,6 +207,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
             tokenizer_spec=str(tokenizer_dir),
             seed=config["seed"],
             **where,
+            keep_marks=adapt["keep_marks"],
             **method_args(adapt),
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
@@ -216,6 +224,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         scripts=scripts,
         seed=config["seed"],
         **where,
+        keep_marks=adapt["keep_marks"],
         **method_args(adapt),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}
@@ -289,7 +298,7 @@ def _downstream(model_spec: str, config: dict, loaded: tuple) -> dict:
     result = evaluate_downstream(model_spec, spec, loaded=loaded)
     summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
     for t in result["tasks"]:
-        summary[t["task"]] = t[METRIC[t["task"]]]
+        summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}
     for g in result["generation"]:
         summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
         summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]
