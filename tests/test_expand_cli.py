@@ -160,7 +160,7 @@ def test_expand_with_salt_refuses_without_a_target_plm_before_any_work(source, t
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the missing input was reported")
 
-    monkeypatch.setattr(expand_module, "load_model", no_work)
+    monkeypatch.setattr(expand_module, "open_source", no_work)
     monkeypatch.setattr(expand_module, "train_aux_tokenizer", no_work)
     out = tmp_path / "out"
     assert main(expand_args(source, out, "salt")) == 2

@@ -15,9 +15,9 @@ The skeleton is the model ``from_pretrained`` builds on the meta device (no weig
 generation config and every rule of surgery (plan checks, ``id_range``, tying, special-token ids) are the ones
 the full-load path applies; the new matrices come from surgery's own assembly (``_build_matrix``). The result is
 the full-load path's model, tensor for tensor and bit for bit. Untouched shards are hard-linked (or copied); the
-files holding the embedding or head are rewritten by streaming their other tensors' bytes, so memory follows
-the embedding matrices, not the model (the peak is one float32 source matrix, or old + new matrix in the stored
-dtype).
+files holding the embedding or head are rewritten by streaming their other tensors' bytes and writing the new
+matrix in row blocks, so memory follows the embedding matrices, not the model: the peak is one source matrix in
+its stored dtype (init methods compute in float32 on the rows they use) plus a block.
 
 Where the skeleton's tensors do not match the files one to one (a checkpoint whose names transformers converts on
 load, extra or missing tensors), :func:`why_not_sharded` says so and the recipes load the model instead.
@@ -135,20 +135,22 @@ class ShardedModel:
         return sum(self.tensors[name].nbytes for name in self.matrix_names())
 
     def memory_estimate(self) -> int:
-        """Peak memory of a shard-path job: one float32 source matrix for the init method, or old + new matrix in
-        the saved dtype while a file is rewritten (the new one can be larger: ``extra`` rows are not known yet, so
-        twice the old one stands for it), plus the process (tokenizers, plan)."""
+        """Peak memory of a shard-path job: one source matrix in its loaded dtype (the init method's input, and
+        the old rows while the new matrix is written block by block), float32 working blocks of the init methods
+        (``vocgraft.init.block_rows()`` rows each), plus the process (tokenizers, plan)."""
+        from vocgraft.init import block_rows
+
         largest = max((self.tensors[name] for name in self.matrix_names()), key=lambda entry: entry.numel)
-        rows_bytes = largest.numel * 4
-        build = 2 * largest.numel * self.param_dtype(largest.name).itemsize
-        return max(rows_bytes, build) + GIB
+        hidden = largest.numel // max(largest.shape[0], 1)
+        held = largest.numel * self.param_dtype(largest.name).itemsize
+        return held + 2 * block_rows() * hidden * 4 + GIB
 
     def check_fits(self) -> None:
         check_fits(
             self.memory_estimate(),
             torch.device("cpu"),
             f"rebuilding the embedding matrices of {self.folder}",
-            "the shard path holds one matrix in float32 at a time; free memory or use a machine with more RAM",
+            "the shard path holds one embedding matrix at a time; free memory or use a machine with more RAM",
         )
 
     # -- reading ------------------------------------------------------------------------------------------
@@ -186,12 +188,13 @@ class ShardedModel:
         return out
 
     def matrix_reader(self, space: str) -> Callable[[], torch.Tensor]:
-        """A callable that reads the input (``space="input"``) or head matrix in float32 (for
-        :func:`vocgraft.init.initialize_matrices`, which releases it after its pass)."""
+        """A callable that reads the input (``space="input"``) or head matrix as the loaded model holds it (for
+        :func:`vocgraft.init.initialize_matrices`, which releases it after its pass; methods compute in float32 on
+        the rows they use, so no float32 twin of the matrix is made)."""
         name = self.input_name if space == "input" else self.head_name
         if name is None or (space == "head" and self.tied):
             raise ValueError("the model's head is tied to its input embeddings: there is no separate head matrix")
-        return lambda: self.read(name, torch.float32)
+        return lambda: self.read(name, self.param_dtype(name))
 
     # -- writing ------------------------------------------------------------------------------------------
 
@@ -210,17 +213,18 @@ class ShardedModel:
         return lambda out: self.save(Path(out), self.plan, *self.rows)
 
     def save(self, out: Path, plan: Any, input_rows: torch.Tensor, head_rows: torch.Tensor | None) -> None:
-        from vocgraft.surgery import _build_bias, _build_matrix
+        from vocgraft.surgery import _build_bias
 
         grafted = self.skeleton.state_dict()  # after graft: the new shapes
         new_ids = list(plan.new_ids)
         n_rows = grafted[self.input_name].shape[0]
 
-        def build(name: str) -> torch.Tensor:
+        def build(name: str):
             old = self.read(name, self.param_dtype(name))
             if name == self.bias_name:
-                return _build_bias(plan, old, new_ids, n_rows)
-            return _build_matrix(plan, old, input_rows if name == self.input_name else head_rows, new_ids, n_rows)
+                yield _build_bias(plan, old, new_ids, n_rows)
+                return
+            yield from matrix_blocks(plan, old, input_rows if name == self.input_name else head_rows, new_ids, n_rows)
 
         rebuilt = {n for n in (self.input_name, self.head_name, self.bias_name) if n and n in self.written}
         by_file: dict[Path, list[str]] = {}
@@ -233,10 +237,14 @@ class ShardedModel:
             for name in sorted(names):
                 entry, dtype = self.tensors[name], grafted[name].dtype
                 if name in rebuilt:
-                    plans.append(_Planned(name, TAGS[dtype], tuple(grafted[name].shape), make=lambda n=name: build(n)))
+                    plans.append(
+                        _Planned(name, TAGS[dtype], tuple(grafted[name].shape), blocks=lambda n=name: build(n))
+                    )
                 elif entry.dtype is not None and entry.dtype != dtype:  # a --dtype other than the stored one
                     shape = entry.shape
-                    plans.append(_Planned(name, TAGS[dtype], shape, make=lambda n=name, d=dtype: self.read(n, d)))
+                    plans.append(
+                        _Planned(name, TAGS[dtype], shape, blocks=lambda n=name, d=dtype: iter([self.read(n, d)]))
+                    )
                 else:
                     plans.append(_Planned(name, entry.dtype_tag, entry.shape, source=entry))
             if all(p.source is not None for p in plans) and len(names) == _tensor_count(file):
@@ -269,11 +277,37 @@ class ShardedModel:
             model.generation_config.save_pretrained(out)
 
 
-class _Planned:
-    """One tensor of a file being written: its bytes come from a byte range of a source file or from ``make()``."""
+def matrix_blocks(plan: Any, old: torch.Tensor, rows: torch.Tensor, new_ids: list[int], n_rows: int):
+    """:func:`vocgraft.surgery._build_matrix`'s matrix, yielded in row blocks of about BLOCK_BYTES: old rows copied
+    in their stored dtype, new rows cast once from float32, the rest zero; the same bits, without the whole new
+    matrix in memory next to the old one."""
+    hidden = old.shape[1]
+    step = max(1, BLOCK_BYTES // max(1, hidden * old.element_size()))
+    new_idx = torch.tensor(new_ids, dtype=torch.long)
+    new_rows = rows.detach().to(device="cpu", dtype=torch.float32).to(old.dtype) if new_ids else None
+    copied_t, copied_s = plan.copied_target_ids, plan.copied_source_ids
+    for start in range(0, n_rows, step):
+        stop = min(start + step, n_rows)
+        block = torch.zeros(stop - start, hidden, dtype=old.dtype)
+        if plan.mode == "expand":
+            top = min(stop, old.shape[0])
+            if top > start:
+                block[: top - start] = old[start:top]
+        else:
+            here = (copied_t >= start) & (copied_t < stop)
+            block[copied_t[here] - start] = old[copied_s[here]]
+        if new_rows is not None:
+            here = (new_idx >= start) & (new_idx < stop)
+            block[new_idx[here] - start] = new_rows[here]
+        yield block
 
-    def __init__(self, name: str, tag: str, shape: tuple, *, source: TensorEntry | None = None, make=None):
-        self.name, self.tag, self.shape, self.source, self.make = name, tag, tuple(shape), source, make
+
+class _Planned:
+    """One tensor of a file being written: its bytes come from a byte range of a source file or from ``blocks()``,
+    an iterator of row blocks that together make the tensor."""
+
+    def __init__(self, name: str, tag: str, shape: tuple, *, source: TensorEntry | None = None, blocks=None):
+        self.name, self.tag, self.shape, self.source, self.blocks = name, tag, tuple(shape), source, blocks
 
     @property
     def nbytes(self) -> int:
@@ -305,7 +339,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 def _write_safetensors(path: Path, tensors: list[_Planned], metadata: dict | None) -> None:
     """A safetensors file written tensor by tensor: copied byte ranges stream through a small buffer and each
-    computed tensor is made, written and released before the next, so no file is ever held in memory whole.
+    computed tensor is made, written and released block by block, so no file is ever held in memory whole.
 
     Layout as the safetensors library writes it: larger dtypes first (keeps every tensor aligned to its
     element size), then by name; the header is padded with spaces to a multiple of 8 bytes."""
@@ -324,11 +358,18 @@ def _write_safetensors(path: Path, tensors: list[_Planned], metadata: dict | Non
             if t.source is not None:
                 _copy_range(t.source.file, t.source.begin, t.source.nbytes, out)
                 continue
-            tensor = t.make().contiguous()
-            if tuple(tensor.shape) != t.shape or TAGS[tensor.dtype] != t.tag:
-                raise AssertionError(f"{t.name}: built {tuple(tensor.shape)} {tensor.dtype}, planned {t.shape} {t.tag}")
-            out.write(_tensor_bytes(tensor))
-            del tensor
+            written = 0
+            for block in t.blocks():
+                block = block.contiguous()
+                if tuple(block.shape[1:]) != t.shape[1:] or TAGS[block.dtype] != t.tag:
+                    raise AssertionError(
+                        f"{t.name}: built {tuple(block.shape)} {block.dtype}, planned {t.shape} {t.tag}"
+                    )
+                out.write(_tensor_bytes(block))
+                written += block.numel() * block.element_size()
+                del block
+            if written != t.nbytes:
+                raise AssertionError(f"{t.name}: wrote {written} bytes, planned {t.nbytes}")
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:

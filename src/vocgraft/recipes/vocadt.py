@@ -75,7 +75,10 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     start = time.perf_counter()
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
-    build = dict(candidates=settings.candidates, seed=config.seed)
+    from vocgraft.devices import resolve_device
+
+    # the neighbour search on the training device (a GPU when there is one): the matrices stay in their dtype
+    build = dict(candidates=settings.candidates, seed=config.seed, device=resolve_device(config.device))
     input_start = adapter_start(emb.weight, plan, source_tokenizer, target, **build)
     if settings.adapters == "shared" or head is None:
         head_start = None
