@@ -10,8 +10,10 @@ Checked per run: the saved tensors are bfloat16 like the source; every copied ro
 row; the shard path's files equal the full-load path's tensor for tensor, bit for bit (and configs). Goal for the
 shard path: peak RSS <= 2.5 x (embedding + head bytes) + 1 GiB.
 
-Also, where they fit under the limit: SALT (replace --init salt, with a small target PLM) and the VocADT setup
-(adapters built, one training step) at 128K, reported as measured (they are not reworked here).
+Also at 128K rows (Llama-3 widths, --extras): SALT (`replace --init salt` with a small target PLM trained on the
+target tokenizer, shard path) and VocADT's setup (the start adapters: supports and the K=64 nearest old rows of
+every new row, for the embedding and the untied head, read from the shards) in a fresh process each: wall time,
+the setup's own seconds and peak RSS. No GPU is lent to these runs: everything runs on the CPU.
 
     nice -n 10 .venv/bin/python benchmarks/scale.py [--families llama3 gemma4] [--k 5000] [--lines 16384]
 """
@@ -70,6 +72,31 @@ model.save_pretrained(out, max_shard_size="1GB")
 """
 
 
+VOCADT_SETUP = """
+import json, sys, time
+from vocgraft.models import load_tokenizer
+from vocgraft.plan import VocabPlan
+from vocgraft.shards import ShardedModel
+from vocgraft.train.lapt import peak_rss_mib
+from vocgraft.train.vocadt import adapter_start
+source = ShardedModel.open(sys.argv[1])
+src, target = load_tokenizer(sys.argv[1]), load_tokenizer(sys.argv[2])
+plan = VocabPlan.from_tokenizers(src, target, "replace")
+seconds = {}
+for name in source.matrix_names():  # one matrix at a time, in its stored dtype
+    start = time.perf_counter()
+    old = source.read(name, source.param_dtype(name))
+    read = time.perf_counter() - start
+    start = time.perf_counter()
+    built = adapter_start(old, plan, src, target, candidates=64, seed=0, device="cpu")
+    seconds[name] = {"read": round(read, 1), "adapter_start": round(time.perf_counter() - start, 1),
+                     "width": built.weight.shape[1], "rows": built.weight.shape[0], "counts": built.counts}
+    del old, built
+print("PEAK_RSS_MIB", peak_rss_mib())
+print("SETUP", json.dumps(seconds))
+"""
+
+
 def rss_mib(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as fh:
@@ -81,11 +108,12 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_cli(args: list[str], limit_mib: float) -> dict:
-    """Wall seconds and peak RSS of one vocgraft command in a fresh process; killed past ``limit_mib``."""
+def run_cli(args: list[str], limit_mib: float, code: str = RUN) -> dict:
+    """Wall seconds and peak RSS of one vocgraft command (or ``code``) in a fresh process; killed past
+    ``limit_mib``."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     killed = {"at_mib": None}
 
@@ -108,7 +136,11 @@ def run_cli(args: list[str], limit_mib: float) -> dict:
     if proc.returncode != 0:
         return {"ok": False, "wall_seconds": seconds, "error": err.strip().splitlines()[-1] if err.strip() else "?"}
     peak = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("PEAK_RSS_MIB"))
-    return {"ok": True, "wall_seconds": seconds, "peak_rss_mib": peak}
+    result = {"ok": True, "wall_seconds": seconds, "peak_rss_mib": peak}
+    for line in out.splitlines():
+        if line.startswith("SETUP "):
+            result["setup"] = json.loads(line.split(" ", 1)[1])
+    return result
 
 
 def tensors_of(folder: Path):
@@ -180,6 +212,10 @@ def main() -> None:
     parser.add_argument("--rss-limit-gib", type=float, default=11.0, help="kill a run whose RSS passes this")
     parser.add_argument("--extras", action="store_true", help="also SALT and the VocADT setup at 128K (llama3)")
     parser.add_argument("--work", help="scratch directory (default: a temporary one under /tmp)")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the other families' runs (and the extras unless --extras) "
+        "from the existing results/scale.json; replace only what this invocation measures"
+    )  # fmt: skip
     args = parser.parse_args()
     limit = args.rss_limit_gib * 1024
     report = new_report("random-weight bfloat16 models at real vocabulary widths, 2 decoder layers", args, runs=[])
@@ -247,6 +283,13 @@ def main() -> None:
     finally:
         if not args.work:
             shutil.rmtree(scratch, ignore_errors=True)
+    if args.update and (RESULTS / "scale.json").is_file():
+        previous = json.loads((RESULTS / "scale.json").read_text())
+        kept = [r for r in previous.get("runs", []) if r["family"] not in args.families]
+        report["runs"] = sorted(kept + report["runs"], key=lambda r: list(SHAPES).index(r["family"]))
+        if "extras" not in report and previous.get("extras"):
+            report["extras"] = previous["extras"]
+        report["updated"] = {"families": args.families, "extras": bool(args.extras), "earlier": previous.get("date")}
     write_json(RESULTS / "scale.json", report)
     write_markdown(report)
 
@@ -274,28 +317,29 @@ def _kind(source: Path) -> str:
 
 
 def _extras(scratch: Path, source: Path, corpus: Path, target: Path, limit: float) -> list[dict]:
-    """SALT and the VocADT setup at 128K rows, measured as they are."""
+    """SALT and the VocADT setup at 128K rows."""
     rows = []
     plm = scratch / "plm"
     if not plm.is_dir():
         done = run_cli(["plm", "train", "--corpus", str(corpus), "--tokenizer", str(target), "--out", str(plm),
                         "--steps", "30", "--device", "cpu"], limit)  # fmt: skip
         rows.append({"run": "plm train (SALT's target PLM, 30 steps)", **done})
-    for name, command in (
-        ("replace --init salt", ["replace", "--model", str(source), "--corpus", str(corpus), "--tokenizer", str(target),
-                                 "--init", "salt", "--target-plm", str(plm), "--out", str(scratch / "salt")]),
-        ("vocadt (adapters + 1 step)", ["vocadt", "--model", str(source), "--corpus", str(corpus), "--tokenizer",
-                                        str(target), "--out", str(scratch / "vocadt"), "--max-steps", "1",
-                                        "--seq-len", "32", "--batch-size", "1", "--val-lines", "4", "--device", "cpu"]),
-    ):  # fmt: skip
-        row = {"run": name, **run_cli(command, limit)}
-        log = scratch / "vocadt" / "train_log.json"
-        if row["ok"] and name.startswith("vocadt") and log.is_file():
-            row["vocadt"] = json.loads(log.read_text())["summary"].get("vocadt")
-        rows.append(row)
-        print(json.dumps(row, default=str), flush=True)
-        shutil.rmtree(scratch / "salt", ignore_errors=True)
-        shutil.rmtree(scratch / "vocadt", ignore_errors=True)
+        print(json.dumps(rows[-1], default=str), flush=True)
+    out = scratch / "salt"
+    shutil.rmtree(out, ignore_errors=True)
+    command = ["replace", "--model", str(source), "--corpus", str(corpus), "--tokenizer", str(target), "--init",
+               "salt", "--target-plm", str(plm), "--out", str(out), "--device", "cpu"]  # fmt: skip
+    row = {"run": "replace --init salt (shard path)", **run_cli(command, limit)}
+    if row["ok"]:
+        manifest = json.loads((out / "vocgraft.json").read_text())
+        row["timings"], row["surgery_path"] = manifest["timings"], manifest["surgery"]["path"]
+        row["copied_rows_exact"], row["saved_dtypes"] = copied_rows_exact(source, out)
+    shutil.rmtree(out, ignore_errors=True)
+    rows.append(row)
+    print(json.dumps(row, default=str), flush=True)
+    row = {"run": "vocadt setup (start adapters, K=64)", **run_cli([str(source), str(target)], limit, VOCADT_SETUP)}
+    rows.append(row)
+    print(json.dumps(row, default=str), flush=True)
     return rows
 
 
@@ -326,8 +370,8 @@ def write_markdown(report: dict) -> None:
     facts = {r["family"]: r["facts"] for r in report["runs"]}
     lines = [
         "# Large vocabularies: expand and replace with bounded memory\n",
-        f"{report['machine']}, {report['date']}, no GPU; bfloat16 random-weight models with 2 decoder layers around "
-        "the real tokenizers; `--init mean`; "
+        f"{report['machine']}, {report['date']}, no GPU (none lent to this task); bfloat16 random-weight models "
+        "with 2 decoder layers around the real tokenizers; `--init mean`; "
         f"expand k={report['args']['k']} (aux tokenizer {report['args']['aux_vocab_size']}), replace with a "
         f"{report['args']['target_vocab_size']}-token Greek tokenizer trained like the source; "
         f"{report['args']['lines']} Greek training lines. Each run is a fresh process (peak RSS = VmHWM). "
@@ -342,15 +386,37 @@ def write_markdown(report: dict) -> None:
         markdown_table(header, rows),
     ]
     if report.get("extras"):
-        lines.append("\n## SALT and the VocADT setup at 128K rows (llama3 widths), as they are\n")
+        lines.append("\n## SALT and the VocADT setup at 128K rows (llama3 widths, bfloat16, untied)\n")
+        lines.append(
+            f"Replace with the same {report['args']['target_vocab_size']}-token target tokenizer. SALT: fastText on "
+            "the Greek lines (dim 300, every core), a target PLM trained 30 steps on the target tokenizer, the shard "
+            "path. VocADT setup: the start adapters of `vocgraft vocadt` (supports, then the 64 nearest old rows of "
+            "each new row by cosine, in 2048 x 8192 blocks) for the embedding and the head, each read from the "
+            "shards in bfloat16; the setup only, not the training (which loads the model).\n"
+        )
         extra_rows = []
         for r in report["extras"]:
             peak = r.get("peak_rss_mib")
             status = (
                 f"killed at {r['killed_at_rss_mib'] / 1024:.1f} GiB" if "killed_at_rss_mib" in r else r.get("error")
             )
-            extra_rows.append([r["run"], round(r["wall_seconds"], 1), round(peak / 1024, 2) if peak else status])
-        lines.append(markdown_table(["run", "wall s", "peak RSS GiB"], extra_rows))
+            detail = ""
+            if r.get("setup"):
+                detail = "; ".join(
+                    f"{name.split('.')[-2]}: adapter_start {v['adapter_start']} s, A {v['rows']} x {v['width']}"
+                    for name, v in r["setup"].items()
+                )
+            elif r.get("timings"):
+                detail = ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in r["timings"].items())
+                detail += f"; {r.get('surgery_path')} path; copied rows exact: {r.get('copied_rows_exact')}"
+            extra_rows.append(
+                [r["run"], round(r["wall_seconds"], 1), round(peak / 1024, 2) if peak else status, detail or "–"]
+            )
+        lines.append(markdown_table(["run", "wall s", "peak RSS GiB", "details"], extra_rows))
+    lines.append(
+        "\nNo GPU was lent to this task (the device tool said not_drawn): no GPU figures (eval throughput, LAPT "
+        "tokens/s, VocADT step, GPU memory, the SmolLM2 end-to-end run) were measured; every figure above is CPU."
+    )
     (RESULTS / "scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -224,12 +224,6 @@ def source_blocks(
         yield rows.detach().to(dtype)
 
 
-def source_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    """The rows of real source tokens as one float32 matrix. A whole-matrix copy: for small matrices and tests;
-    methods use :func:`source_blocks` / :func:`source_mean_std`."""
-    return torch.cat(list(source_blocks(source_matrix, ctx)))
-
-
 def source_mean_std(source_matrix: torch.Tensor, ctx: InitContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-dimension mean and (unbiased) std of the real source rows, float32 on the matrix's device."""
     return blocked_mean_std(lambda: source_blocks(source_matrix, ctx))
@@ -272,7 +266,7 @@ def gathered_product(
     weights = weights.coalesce()
     index, values = weights.indices(), weights.values().to(dtype)
     used, column = torch.unique(index[1], return_inverse=True)  # sorted: the remapped entries keep their order
-    out = torch.zeros(weights.shape[0], source_matrix.shape[1], dtype=dtype, device=device)
+    out = None  # the first block's product is the result itself: no second [m, hidden] buffer
     for start in range(0, len(used), block):
         here = (column >= start) & (column < start + block) if len(used) > block else slice(None)
         part = torch.sparse_coo_tensor(
@@ -283,7 +277,11 @@ def gathered_product(
             check_invariants=False,  # a coalesced tensor's own entries, columns remapped in order
         ).to(device)
         rows = source_matrix[used[start : start + block].to(device)].detach().to(dtype)
-        out += torch.sparse.mm(part, rows)
+        product = torch.sparse.mm(part, rows)
+        del rows
+        out = product if out is None else out.add_(product)
+    if out is None:  # no entries
+        out = torch.zeros(weights.shape[0], source_matrix.shape[1], dtype=dtype, device=device)
     return out
 
 
