@@ -139,3 +139,19 @@ def test_vocadt_start_on_a_bfloat16_matrix_searches_in_blocks(case, monkeypatch)
     assert torch.equal(start.index, reference.index) and torch.equal(start.weight, reference.weight)
     assert start.index.device.type == "cpu"
     assert probe.rows <= 50, f"a float copy of {probe.rows} rows of a {len(source)}-row matrix"
+
+
+@pytest.mark.parametrize("block", [2, 3, 1000])
+def test_gathered_product_in_blocks_equals_the_dense_product(block):
+    g = torch.Generator().manual_seed(0)
+    matrix = torch.randn(40, 6, generator=g).to(torch.bfloat16)
+    index = torch.stack([torch.randint(0, 9, (30,), generator=g), torch.randint(0, 40, (30,), generator=g)])
+    weights = torch.sparse_coo_tensor(index, torch.rand(30, generator=g), (9, 40))  # repeated entries add up
+    dense = weights.to_dense() @ matrix.float()
+    got = init_module.gathered_product(weights, matrix, block=block)
+    torch.testing.assert_close(got, dense, atol=1e-5, rtol=1e-5)
+    wide = init_module.gathered_product(weights, matrix, dtype=torch.float64, block=block, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    torch.testing.assert_close(wide, (weights.to_dense().double() @ matrix.double()).float())
+    shifted = init_module.gathered_product(weights, matrix, block=block, finish=lambda rows, a, b: rows + a)
+    torch.testing.assert_close(shifted - got, torch.arange(9).float()[:, None].expand(9, 6) // block * block)

@@ -38,9 +38,9 @@ import torch
 from vocgraft.plan import VocabPlan
 
 SPACES = ("input", "head")
-# rows per float32 working block of a source matrix (statistics, gathered rows): 32768 x 4096 floats = 512 MiB;
-# float64 blocks have half as many rows. Read at call time (tests make it small).
-GATHER_BLOCK = 32768
+# rows per float32 working block of a source matrix (statistics, gathered rows, products): 8192 x 4096 floats =
+# 128 MiB; float64 blocks have half as many rows. Read at call time (tests make it small).
+GATHER_BLOCK = 8192
 
 
 def block_rows(dtype: torch.dtype = torch.float32) -> int:
@@ -256,32 +256,52 @@ def blocked_mean_std(blocks: Callable[[], Iterator[torch.Tensor]]) -> tuple[torc
 
 
 def gathered_product(
-    weights: torch.Tensor, source_matrix: torch.Tensor, dtype: torch.dtype = torch.float32, block: int | None = None
+    weights: torch.Tensor,
+    source_matrix: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    block: int | None = None,
+    out_dtype: torch.dtype | None = None,
+    finish: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """``weights @ source_matrix`` in ``dtype`` for a sparse ``weights`` ``[m, rows]`` (CPU or the matrix's device),
-    touching only the source rows it references: they are gathered, cast and multiplied ``block`` rows at a time,
-    so no cast copy of the whole matrix is made. With at most ``block`` referenced rows the product is one
-    ``torch.sparse.mm`` over the same entries in the same order as on the whole matrix (the same bits)."""
+    """``weights @ source_matrix`` computed in ``dtype`` (returned in ``out_dtype``, default ``dtype``) for a sparse
+    ``weights`` ``[m, rows]`` (CPU or the matrix's device), touching only the source rows it references.
+
+    Output rows are made ``block`` at a time, each from the source rows its entries use, gathered and cast ``block``
+    rows at a time: no cast copy of the whole matrix, and no ``[m, hidden]`` buffer in ``dtype`` besides the result.
+    An output row whose entries use at most ``block`` source rows is one ``torch.sparse.mm`` over its entries in
+    their order, as on the whole matrix (the same bits). ``finish(rows, first, stop)``, when given, maps each block
+    of output rows ``first:stop`` in ``dtype`` before the cast (e.g. adds an offset in float64)."""
     device, block = source_matrix.device, block or block_rows(dtype)
-    weights = weights.coalesce()
+    out_dtype = out_dtype or dtype
+    m, hidden = weights.shape[0], source_matrix.shape[1]
+    weights = weights.coalesce()  # entries sorted by (row, column)
     index, values = weights.indices(), weights.values().to(dtype)
-    used, column = torch.unique(index[1], return_inverse=True)  # sorted: the remapped entries keep their order
-    out = None  # the first block's product is the result itself: no second [m, hidden] buffer
-    for start in range(0, len(used), block):
-        here = (column >= start) & (column < start + block) if len(used) > block else slice(None)
-        part = torch.sparse_coo_tensor(
-            torch.stack([index[0][here], column[here] - start]),
-            values[here],
-            (weights.shape[0], min(block, len(used) - start)),
-            is_coalesced=True,
-            check_invariants=False,  # a coalesced tensor's own entries, columns remapped in order
-        ).to(device)
-        rows = source_matrix[used[start : start + block].to(device)].detach().to(dtype)
-        product = torch.sparse.mm(part, rows)
-        del rows
-        out = product if out is None else out.add_(product)
-    if out is None:  # no entries
-        out = torch.zeros(weights.shape[0], source_matrix.shape[1], dtype=dtype, device=device)
+    starts = torch.searchsorted(index[0].contiguous(), torch.arange(0, m + block, block).clamp_max(m)).tolist()
+    out = torch.zeros(m, hidden, dtype=out_dtype, device=device)
+    for chunk, first in enumerate(range(0, m, block)):
+        lo, hi = starts[chunk], starts[chunk + 1]
+        n_rows = min(block, m - first)
+        if lo == hi and finish is None:
+            continue
+        rows_here = index[0][lo:hi] - first
+        used, column = torch.unique(index[1][lo:hi], return_inverse=True)  # sorted: entries keep their order
+        total = None
+        for start in range(0, len(used), block):
+            here = (column >= start) & (column < start + block) if len(used) > block else slice(None)
+            part = torch.sparse_coo_tensor(
+                torch.stack([rows_here[here], column[here] - start]),
+                values[lo:hi][here],
+                (n_rows, min(block, len(used) - start)),
+                is_coalesced=True,
+                check_invariants=False,  # a coalesced tensor's own entries, renumbered in order
+            ).to(device)
+            gathered = source_matrix[used[start : start + block].to(device)].detach().to(dtype)
+            product = torch.sparse.mm(part, gathered)
+            del gathered
+            total = product if total is None else total.add_(product)
+        if total is None:  # no entries in these rows
+            total = torch.zeros(n_rows, hidden, dtype=dtype, device=device)
+        out[first : first + n_rows] = total if finish is None else finish(total, first, first + n_rows)
     return out
 
 

@@ -459,12 +459,15 @@ def salt_rows(source_matrix: torch.Tensor, ctx: InitContext, *, center: bool, me
     start = time.perf_counter()
     # C @ (E_s - offset) + offset = C @ E_s + (1 - C 1) offset: only the rows C uses are read, in float64 blocks
     # (no float64 copy of the whole matrix: 7 GiB for 262K x 3584)
-    out = gathered_product(coefficients.matrix, src, dtype=torch.float64)
-    if center:
+    finish = None
+    if center:  # the offset term, added in float64 to each block of rows before the cast
         offset = _real_row_mean(source_matrix, ctx)
-        weight_sums = torch.sparse.sum(coefficients.matrix, dim=1).to_dense().to(out.device)
-        out += (1 - weight_sums)[:, None] * offset
-    out = out.to(torch.float32)
+        weight_sums = torch.sparse.sum(coefficients.matrix, dim=1).to_dense().to(offset.device)
+
+        def finish(rows: torch.Tensor, first: int, stop: int) -> torch.Tensor:
+            return rows + (1 - weight_sums[first:stop])[:, None] * offset
+
+    out = gathered_product(coefficients.matrix, src, dtype=torch.float64, out_dtype=torch.float32, finish=finish)
     if coefficients.random_rows:  # the rows Random would give these tokens, from this space's statistics
         out[coefficients.random_rows] = random_rows(source_matrix, ctx)[coefficients.random_rows]
         if ctx.space == "input":  # once per model, not again for the head
