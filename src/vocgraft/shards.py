@@ -200,10 +200,14 @@ class ShardedModel:
 
     def graft(self, plan: Any, input_rows: torch.Tensor, head_rows: torch.Tensor | None, target_tokenizer) -> None:
         """:func:`vocgraft.surgery.graft` on the skeleton (every check, the config and special ids, on meta tensors);
-        the rows are kept for :meth:`save`."""
+        the rows are kept for :meth:`save`, already cast to the dtype they are saved in (the cast
+        ``_build_matrix`` makes, so the same bits; a bfloat16 model keeps half the bytes of float32 rows)."""
         from vocgraft.surgery import graft
 
         graft(self.skeleton, plan, input_rows, head_rows, target_tokenizer)
+        input_rows = input_rows.detach().to(torch.float32).to(self.param_dtype(self.input_name))
+        if head_rows is not None:
+            head_rows = head_rows.detach().to(torch.float32).to(self.param_dtype(self.head_name))
         self.plan, self.rows = plan, (input_rows, head_rows)
 
     def weight_writer(self) -> Callable[[Path], None]:
