@@ -229,6 +229,8 @@ def main() -> None:
     parser.add_argument("--rss-limit-gib", type=float, default=11.0, help="kill a run whose RSS passes this")
     parser.add_argument("--extras", action="store_true", help="also SALT and the VocADT setup at 128K (llama3)")
     parser.add_argument("--work", help="scratch directory (default: a temporary one under /tmp)")
+    parser.add_argument("--results", default=str(RESULTS), help="where scale.json and scale.md go")
+    parser.add_argument("--note", help="a line for the report about the conditions of this run")
     parser.add_argument(
         "--update", action="store_true", help="keep the other families' runs (and the extras unless --extras) "
         "from the existing results/scale.json; replace only what this invocation measures"
@@ -300,15 +302,16 @@ def main() -> None:
     finally:
         if not args.work:
             shutil.rmtree(scratch, ignore_errors=True)
-    if args.update and (RESULTS / "scale.json").is_file():
-        previous = json.loads((RESULTS / "scale.json").read_text())
+    results = Path(args.results)
+    if args.update and (results / "scale.json").is_file():
+        previous = json.loads((results / "scale.json").read_text())
         kept = [r for r in previous.get("runs", []) if r["family"] not in args.families]
         report["runs"] = sorted(kept + report["runs"], key=lambda r: list(SHAPES).index(r["family"]))
         if "extras" not in report and previous.get("extras"):
             report["extras"] = previous["extras"]
         report["updated"] = {"families": args.families, "extras": bool(args.extras), "earlier": previous.get("date")}
-    write_json(RESULTS / "scale.json", report)
-    write_markdown(report)
+    write_json(results / "scale.json", report)
+    write_markdown(report, results)
 
 
 def _target_tokenizer(scratch: Path, source: Path, corpus: Path, size: int) -> Path:
@@ -360,7 +363,7 @@ def _extras(scratch: Path, source: Path, corpus: Path, target: Path, limit: floa
     return rows
 
 
-def write_markdown(report: dict) -> None:
+def write_markdown(report: dict, results: Path = RESULTS) -> None:
     header = ["model", "run", "path", "wall s", "peak RSS GiB", "goal GiB", "within goal", "copied rows exact"]
     header += ["saved dtype", "shards == full-load"]
     rows = []
@@ -404,6 +407,8 @@ def write_markdown(report: dict) -> None:
         + ".\n",
         markdown_table(header, rows),
     ]
+    if report["args"].get("note"):
+        lines.append(f"\nNote: {report['args']['note']}\n")
     if report.get("extras"):
         lines.append("\n## SALT and the VocADT setup at 128K rows (llama3 widths, bfloat16, untied)\n")
         lines.append(
@@ -439,7 +444,7 @@ def write_markdown(report: dict) -> None:
         "\nNo GPU was lent to this task (the device tool said not_drawn): no GPU figures (eval throughput, LAPT "
         "tokens/s, VocADT step, GPU memory, the SmolLM2 end-to-end run) were measured; every figure above is CPU."
     )
-    (RESULTS / "scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (results / "scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
