@@ -97,7 +97,7 @@ def test_a_family_expansion_cannot_edit_is_refused_before_any_work(tmp_path, cap
     def loaded(*args, **kwargs):
         raise AssertionError("the model was loaded before the tokenizer family was checked")
 
-    monkeypatch.setattr(recipe, "load_model", loaded)
+    monkeypatch.setattr(recipe, "open_source", loaded)
     assert main(expand_args(tmp_path, tmp_path / "out", "mean")) == 2
     err = capsys.readouterr().err
     assert "cannot expand a" in err and "byte-level BPE" in err and "vocgraft replace" in err
@@ -160,7 +160,7 @@ def test_expand_with_salt_refuses_without_a_target_plm_before_any_work(source, t
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the missing input was reported")
 
-    monkeypatch.setattr(expand_module, "load_model", no_work)
+    monkeypatch.setattr(expand_module, "open_source", no_work)
     monkeypatch.setattr(expand_module, "train_aux_tokenizer", no_work)
     out = tmp_path / "out"
     assert main(expand_args(source, out, "salt")) == 2

@@ -49,7 +49,7 @@ def test_training_lowers_the_loss(trained, tokenizer, greek):
     assert log["steps"] == 40 and len(log["losses"]) == 40
     assert log["last_loss"] < log["first_loss"] - 0.5
     # on the same held-in batch, the trained model beats a fresh one with the same seed
-    batch = pack_tokens(tokenizer, greek, 32)[:8]
+    batch = pack_tokens(tokenizer, greek, 32)[:8].long()  # packed ids are int32; losses take int64
     fresh = train_small_plm(tokenizer, greek, steps=0, **TINY)
     with torch.no_grad():
         assert trained(input_ids=batch, labels=batch).loss < fresh(input_ids=batch, labels=batch).loss - 0.5
@@ -76,7 +76,7 @@ def test_saved_plm_loads_with_auto_classes(trained, tokenizer, greek, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out)
     loaded_tokenizer = AutoTokenizer.from_pretrained(out)
     assert len(loaded_tokenizer) == len(tokenizer)
-    batch = pack_tokens(loaded_tokenizer, greek[:20], 32)[:2]
+    batch = pack_tokens(loaded_tokenizer, greek[:20], 32)[:2].long()
     with torch.no_grad():
         torch.testing.assert_close(model(batch).logits, trained(batch).logits)
     manifest = json.loads((out / "vocgraft.json").read_text())

@@ -35,7 +35,7 @@ def write_json(path: str | Path, data: dict) -> None:
 def cmd_info(args) -> None:
     from vocgraft.models import describe, timed_load
 
-    model, tokenizer, seconds = timed_load(args.model)
+    model, tokenizer, seconds = timed_load(args.model, args.dtype, args.device)
     info = describe(model, tokenizer).to_dict() | {"load_seconds": round(seconds, 2)}
     print(json.dumps(info, indent=2))
 
@@ -62,13 +62,18 @@ def run_eval(
     max_length: int = 512,
     batch_size: int = 8,
     field: str = "text",
+    dtype: str = "auto",
+    device: str = "auto",
+    loaded: tuple | None = None,
 ) -> dict:
+    """``vocgraft eval`` on one model: loaded in ``dtype`` on ``device``, or given as ``loaded`` = (model,
+    tokenizer, load seconds) by a caller that measures more with the same model (the pipeline)."""
     from vocgraft.corpus import read_lines
     from vocgraft.eval import evaluate
     from vocgraft.models import describe, load_tokenizer, timed_load
 
     lines = read_lines(text, limit=limit, field=field)
-    model, tokenizer, load_seconds = timed_load(model_spec)
+    model, tokenizer, load_seconds = loaded if loaded is not None else timed_load(model_spec, dtype, device)
     baseline_tokenizer = load_tokenizer(baseline) if baseline else None
     result = evaluate(
         model,
@@ -102,6 +107,8 @@ def cmd_eval(args) -> None:
         max_length=args.max_length,
         batch_size=args.batch_size,
         field=args.field,
+        dtype=args.dtype,
+        device=args.device,
     )
     print(eval_markdown(result, name=Path(args.model).name or args.model))  # first: a failed write loses nothing
     if args.json:
@@ -252,6 +259,9 @@ def cmd_expand(args) -> None:
             seed=args.seed,
             overwrite=args.overwrite,
             inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+            dtype=args.dtype,
+            device=args.device,
+            surgery=args.surgery,
             keep_marks=args.keep_marks,
             **init_args(args),
         )
@@ -305,6 +315,9 @@ def cmd_replace(args) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines)},
+        dtype=args.dtype,
+        device=args.device,
+        surgery=args.surgery,
         keep_marks=args.keep_marks,
         **init_args(args),
     )
@@ -341,6 +354,7 @@ def cmd_plm_train(args) -> None:
         max_lines=args.max_lines,
         seed=args.seed,
         overwrite=args.overwrite,
+        device=args.device,
     )
     print(f"small target-language PLM -> {out}")
 
@@ -436,7 +450,8 @@ def cmd_downstream(args) -> None:
         tasks=tasks,
         templates=read_templates(args.templates) if args.templates else None,
     )
-    results = [evaluate_downstream(m, spec) for m in [args.model, *([args.baseline] if args.baseline else [])]]
+    models = [args.model, *([args.baseline] if args.baseline else [])]
+    results = [evaluate_downstream(m, spec, dtype=args.dtype, device=args.device) for m in models]
     print(markdown_summary(results))
     if args.json:
         write_json(args.json, {"lang": args.lang, "results": results})
@@ -490,6 +505,8 @@ def cmd_demo(args) -> None:
         "adapt": {"mode": "expand", "aux_vocab_size": args.aux_vocab_size}
         | ({"protect": str(SHARED_CORPORA / "en" / "train.txt")} if args.lang != "en" else {}),
         "eval": {"limit": args.limit},
+        "device": args.device,
+        "dtype": args.dtype,
     }
     print(
         f"vocgraft demo: {args.model} + k in {args.k} {args.lang} tokens x init in {args.init}, trained on "
@@ -551,6 +568,22 @@ def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
+    add_device_args(p)
+
+
+def add_device_args(p: argparse.ArgumentParser, *, dtype: bool = True, dtype_help: str | None = None) -> None:
+    """``--device`` and (unless ``dtype`` is False) ``--dtype``: resolved by :mod:`vocgraft.devices`."""
+    from vocgraft.devices import DEVICE_HELP, DTYPE_CHOICES, DTYPE_HELP
+
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    if dtype:
+        p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=dtype_help or DTYPE_HELP)
+
+
+def add_surgery_arg(p: argparse.ArgumentParser) -> None:
+    from vocgraft.recipes.common import SURGERY_HELP, SURGERY_PATHS
+
+    p.add_argument("--surgery", default="auto", choices=SURGERY_PATHS, help=SURGERY_HELP)
 
 
 def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: float = 1e-4) -> None:
@@ -592,6 +625,19 @@ def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: f
     p.add_argument("--field", default="text", help="JSONL/dataset field holding the text")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
+    add_device_args(
+        p,
+        dtype_help="dtype the model is loaded and saved in: auto (as the checkpoint stores it), bfloat16, float16 or "
+        "float32; trained weights are kept in float32 while training",
+    )
+    p.add_argument(
+        "--mixed-precision", default="auto", choices=("auto", "no", "bf16", "fp16"),
+        help="compute precision (accelerate): auto = bf16 where the device supports it (a GPU with bf16, or any "
+        "device with bfloat16 weights), fp16 for float16 weights on a GPU, else no",
+    )  # fmt: skip
+    p.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (less memory)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -650,6 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="writing systems new tokens must use: auto (the corpus's dominant ones, e.g. DEVANAGARI), any, "
         "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
     )
+    add_surgery_arg(p)
     add_keep_marks_arg(p, "the expanded tokenizer's split regex (byte-level BPE sources)")
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
     p.add_argument("--eval-limit", type=int, default=500)
@@ -672,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
+    add_surgery_arg(p)
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after")
     p.add_argument("--eval-limit", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
@@ -688,6 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-lines", type=int)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--overwrite", action="store_true")
+    add_device_args(t, dtype=False)  # a small model trained from scratch: float32
     t.set_defaults(func=cmd_plm_train)
 
     p = sub.add_parser("train", help="language-adaptive pre-training (LAPT) of a model on the target corpus")
@@ -729,6 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", action="append", help="TASK=FILE with TASK nli, sum or span (JSONL); repeatable")
     p.add_argument("--templates", help="JSON {task: template, 'nli_labels': [...]} overriding the shipped ones")
     p.add_argument("--json", help="also write everything (with every MT hypothesis) to this JSON file")
+    add_device_args(p)
     p.set_defaults(func=cmd_downstream)
 
     p = sub.add_parser("run", help="the whole pipeline from a YAML config; finished stages are reused")

@@ -22,6 +22,7 @@ REPORT_HINT = (
 def user_errors() -> tuple[type[BaseException], ...]:
     """vocgraft's own error types: their messages name the input and the fix."""
     from vocgraft.corpus import CorpusError
+    from vocgraft.devices import DeviceError
     from vocgraft.init import MethodInputError
     from vocgraft.models import ModelLoadError
     from vocgraft.outdir import OutputExistsError
@@ -36,7 +37,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError,
+        ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError, DeviceError,
     )  # fmt: skip
 
 

@@ -211,13 +211,45 @@ def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"{files} is corrupt or truncated ({exc}); re-download or re-save the model.")
 
 
-def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, tokenizer=None):
+def load_model(
+    spec: str | os.PathLike,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    *,
+    tokenizer=None,
+    hint: str = "",
+):
     """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode.
-    ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
+
+    ``dtype``: the weights' dtype, "auto" = as the checkpoint stores them (:func:`vocgraft.devices.resolve_dtype`);
+    ``device``: where the model is put ("auto" = a GPU when there is one). A device that is not there, a dtype it
+    cannot run and a model that does not fit in its free memory (estimated from the safetensors headers) are
+    refused before anything is loaded (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory
+    message). ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vocgraft.devices import check_fits, dtype_name, load_estimate, resolve_device, resolve_dtype, stored_dtype
+
     where = resolve(spec)
+    target = resolve_device(device)
+    local = Path(where).is_dir()
+    stored = stored_dtype(where) if local else None
+    if stored is None and dtype in (None, "auto"):
+        torch_dtype: str | torch.dtype = "auto"  # a hub id: transformers reads the dtype from the checkpoint
+    else:
+        torch_dtype = resolve_dtype(dtype, stored, target)
+        if local:
+            hints = [hint] if hint else []
+            if torch_dtype == torch.float32:
+                hints.insert(0, "--dtype bfloat16 needs half of that")
+            check_fits(
+                load_estimate(where, torch_dtype),
+                target,
+                f"loading {spec} in {dtype_name(torch_dtype)}",
+                "; ".join(hints),
+            )
+    placement = {"device_map": {"": str(target)}} if target.type != "cpu" else {}
     check_hub_reachable(where)
     if tokenizer is None:
         try:
@@ -225,11 +257,13 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, t
         except (OSError, ValueError) as exc:
             raise _tokenizer_error(spec, where, exc) from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(dtype))
+        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(torch_dtype), **placement)
     except SafetensorError as exc:
         raise _weights_error(spec, where, exc) from None
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
+    if torch_dtype == "auto":  # now that the dtype is known, the device must be able to run it
+        model = model.to(resolve_dtype("auto", model.dtype, target))
     model.eval()
     return model, tokenizer
 
@@ -244,6 +278,8 @@ class ModelInfo:
     layers: int
     tied_head: bool
     tokenizer_kind: str
+    dtype: str = "float32"
+    device: str = "cpu"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,10 +302,12 @@ def describe(model, tokenizer) -> ModelInfo:
         layers=config.num_hidden_layers,
         tied_head=is_tied(model),
         tokenizer_kind=tokenizer_family(tokenizer),
+        dtype=str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
+        device=str(model.get_input_embeddings().weight.device),
     )
 
 
-def timed_load(spec: str | os.PathLike):
+def timed_load(spec: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"):
     start = time.perf_counter()
-    model, tokenizer = load_model(spec)
+    model, tokenizer = load_model(spec, dtype, device)
     return model, tokenizer, time.perf_counter() - start

@@ -10,11 +10,12 @@ go:
   ids take the given rows.
 
 Tied models stay tied (one matrix); untied heads are built the same way from the old head and ``head_rows``.
-Everything is computed in float32 and stored in the model's own dtype.
+New rows are computed in float32 and stored in the model's own dtype; old rows are copied bit for bit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,31 +184,40 @@ def _check_plan(plan: VocabPlan, new_ids: list[int], old_rows: int, target_len: 
 def _build_matrix(
     plan: VocabPlan, old: torch.Tensor, rows: torch.Tensor, new_ids: list[int], n_rows: int
 ) -> torch.Tensor:
-    """The new (n_rows x hidden) matrix, assembled in float32 and returned in ``old``'s dtype and device."""
-    old32 = old.detach().to(torch.float32)
-    new = torch.zeros(n_rows, old.shape[1], dtype=torch.float32, device=old.device)
+    """The new (n_rows x hidden) matrix in ``old``'s dtype and device: old rows copied verbatim, new rows computed
+    in float32 and cast once, rows that are neither zero.
+
+    Old rows are copied in their stored dtype, not through a float32 copy of the whole matrix: a bfloat16/float16
+    value survives a float32 round trip exactly, so the bits are the same, and a 262K-row matrix needs no float32
+    twin (1.9 GB -> 3.8 GB more). Works on meta tensors too (shapes only: the shard path's skeleton model)."""
+    old = old.detach()
+    new = torch.zeros(n_rows, old.shape[1], dtype=old.dtype, device=old.device)
     if plan.mode == "expand":
-        new[: old.shape[0]] = old32  # all old rows verbatim, padding rows included
+        new[: old.shape[0]] = old  # all old rows verbatim, padding rows included
     else:
-        tgt = plan.copied_target_ids.to(old.device)
-        src = plan.copied_source_ids.to(old.device)
-        new[tgt] = old32[src]
+        new[plan.copied_target_ids.to(old.device)] = old[plan.copied_source_ids.to(old.device)]
     if new_ids:
         idx = torch.tensor(new_ids, dtype=torch.long, device=old.device)
-        new[idx] = rows.detach().to(device=old.device, dtype=torch.float32)
-    return new.to(old.dtype)
+        new[idx] = rows.detach().to(device=old.device, dtype=torch.float32).to(old.dtype)
+    return new
 
 
 def _replace_bias(head: nn.Linear, plan: VocabPlan, new_ids: list[int], n_rows: int) -> None:
-    """Carry an LM-head bias over like the rows; new ids get the mean bias of the source tokens.
+    """Carry an LM-head bias over like the rows (:func:`_build_bias`)."""
+    if head.bias is None:
+        return
+    new = _build_bias(plan, head.bias, new_ids, n_rows)
+    head.bias = nn.Parameter(new, requires_grad=head.bias.requires_grad)
+
+
+def _build_bias(plan: VocabPlan, old: torch.Tensor, new_ids: list[int], n_rows: int) -> torch.Tensor:
+    """The LM-head bias for the new vocabulary; new ids get the mean bias of the source tokens.
 
     Why the mean and not zero: a bias sets a token's prior; zero next to old biases of, say, -5 would make
     every new token far more (or less) likely than a typical token. The mean is taken over real source tokens
     only, not over padding rows, which may hold anything.
     """
-    if head.bias is None:
-        return
-    old32 = head.bias.detach().to(torch.float32)
+    old32 = old.detach().to(torch.float32)
     mean = old32[: len(plan.source_tokens)].mean() if len(plan.source_tokens) else old32.new_zeros(())
     new = torch.zeros(n_rows, dtype=torch.float32, device=old32.device)
     if plan.mode == "expand":
@@ -216,7 +226,7 @@ def _replace_bias(head: nn.Linear, plan: VocabPlan, new_ids: list[int], n_rows: 
         new[plan.copied_target_ids.to(old32.device)] = old32[plan.copied_source_ids.to(old32.device)]
     if new_ids:
         new[torch.tensor(new_ids, dtype=torch.long, device=old32.device)] = mean
-    head.bias = nn.Parameter(new.to(head.bias.dtype), requires_grad=head.bias.requires_grad)
+    return new.to(old.dtype)
 
 
 def _retarget_padding_idx(emb: nn.Embedding, pad_id: int | None, n_rows: int) -> None:
@@ -283,8 +293,12 @@ def save_model_dir(
     manifest: dict | None = None,
     extra_json: dict[str, Any] | None = None,
     extra_files: dict[str, bytes] | None = None,
+    write_weights: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save model (safetensors), tokenizer and ``vocgraft.json`` to ``out_dir`` atomically; return the path.
+
+    ``write_weights(dir)``: writes config and weights instead of ``model.save_pretrained`` (the shard path, whose
+    ``model`` is a meta-device skeleton: :mod:`vocgraft.shards`).
 
     ``extra_json``: more files written into the same directory before it is renamed into place, name -> object
     (e.g. the VocabPlan), so the directory is complete or absent; ``extra_files``: the same for raw bytes (a plot).
@@ -309,7 +323,10 @@ def save_model_dir(
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
     }
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
+        if write_weights is not None:
+            write_weights(tmp)
+        else:
+            model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
         save_portable(tokenizer, tmp)
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json_text(data), encoding="utf-8")

@@ -32,13 +32,17 @@ def new_token_ids(model_dir: str) -> set[int] | None:
     return set(VocabPlan.from_json(plan_file).new_ids) if plan_file.is_file() else None
 
 
-def evaluate_downstream(model_spec: str, spec: DownstreamSpec) -> dict:
+def evaluate_downstream(
+    model_spec: str, spec: DownstreamSpec, *, dtype: str = "auto", device: str = "auto", loaded: tuple | None = None
+) -> dict:
+    """Generation speed, MT and tasks of one model, loaded in ``dtype`` on ``device`` (or given as ``loaded`` =
+    (model, tokenizer) by a caller that already has it)."""
     from vocgraft.eval.generation import generation_speed
     from vocgraft.eval.mt import DEFAULT_TEMPLATE, translate_and_score
     from vocgraft.eval.tasks import RUNNERS
     from vocgraft.models import load_model
 
-    model, tokenizer = load_model(model_spec)
+    model, tokenizer = loaded if loaded is not None else load_model(model_spec, dtype, device)
     model.eval()
     result: dict = {"model": model_spec, "generation": [], "mt": [], "tasks": []}
     if spec.prompts:

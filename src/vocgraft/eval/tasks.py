@@ -114,6 +114,15 @@ def template_for(task: str, lang: str, templates: dict | None = None) -> str:
     return TEMPLATES[task][lang]
 
 
+def _device_of(model) -> torch.device:
+    """Where the model's inputs go: its ``device`` (transformers models), else its first weight's, else the CPU."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def continuation_token_logprobs(model, tokenizer, prompt: str, continuations: Sequence[str]) -> list[list[float]]:
     """Log-probability of each token of each continuation after ``prompt`` (one batch, right-padded)."""
     prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
@@ -130,7 +139,9 @@ def continuation_token_logprobs(model, tokenizer, prompt: str, continuations: Se
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     with torch.no_grad():
-        logprobs = model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+        device = _device_of(model)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        logprobs = logits.float().log_softmax(-1).cpu()
     return [
         [float(logprobs[row, p - 1, seq[p]]) for p in range(len(prompt_ids), len(seq))]
         for row, seq in enumerate(sequences)

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, check_source_matrix, gathered_product, register
 from vocgraft.init.merge import cached_tree, merge_rows, warn_random
 from vocgraft.progress import progress
 from vocgraft.tokenization.canonical import canonical_tokens
@@ -290,11 +290,12 @@ def weight_matrix(counts: PairCounts, new_ids: Sequence[int], n_rows: int) -> to
 
 def align_rows(source_matrix: torch.Tensor, new_ids: Sequence[int], counts: PairCounts, fallback: torch.Tensor):
     """Rows for ``new_ids`` (in that order): the Align row where a token has aligned tuples in ``counts``, its
-    ``fallback`` row (same order) elsewhere. ``source_matrix``: the real source rows, float32."""
-    rows = torch.sparse.mm(weight_matrix(counts, new_ids, source_matrix.shape[0]), source_matrix)
+    ``fallback`` row (same order) elsewhere. ``source_matrix``: the source rows without padding, any float dtype
+    and device (the rows the weights use are cast to float32)."""
+    rows = gathered_product(weight_matrix(counts, new_ids, source_matrix.shape[0]), source_matrix)
     seen = {tid for tid, _ in counts}
     unseen = [r for r, tid in enumerate(new_ids) if tid not in seen]
-    rows[unseen] = fallback[unseen]
+    rows[unseen] = fallback[unseen].to(rows.device)
     return rows
 
 
@@ -314,7 +315,8 @@ def align(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     """Align over ``ctx.corpus``; new tokens the auxiliary segmentation never produces get Merge (then Random)."""
     if ctx.corpus is None:
         raise ValueError("init method 'align' needs a corpus: pass the target-language text (--corpus).")
-    matrix = source_rows(source_matrix, ctx)
+    check_source_matrix(source_matrix, ctx)
+    matrix = source_matrix[: ctx.n_source]  # a view: rows are cast where they are used
     tree = cached_tree(ctx, "align")  # checks the auxiliary tokenizer is there before the corpus pass
     new_ids = list(ctx.plan.new_ids)
     # the counts depend only on the tokenizers and the corpus: an untied model's head pass reuses them

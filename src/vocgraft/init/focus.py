@@ -38,21 +38,23 @@ Choices of the official ``deepfocus`` package (1.0.1) that the paper does not st
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, check_source_matrix, register
 from vocgraft.init.random import random_rows
 from vocgraft.init.sparsemax import sparsemax_cosine_weights
 from vocgraft.init.token_vectors import TokenVectors, train_token_vectors
 
 BLOCK_SIZE = 1024  # new tokens per similarity block: 1024 x 50K keys x 4 bytes = 200 MB at most
-# paper, Appendix B; one thread because multi-threaded fastText is not reproducible for a seed (set
-# resources["fasttext"]["threads"] = 2 to trade that for ~1.5x speed)
-FASTTEXT_DEFAULTS: dict[str, Any] = {"dim": 300, "epochs": 3, "min_count": 10, "threads": 1}
+# paper, Appendix B; trained on every core (fastText's own default is 12 threads: training is the slow part of
+# FOCUS and SALT). Threads race on the shared weights, so vectors differ slightly from run to run; set
+# resources["fasttext"]["threads"] = 1 for vectors that are the same for a seed.
+FASTTEXT_DEFAULTS: dict[str, Any] = {"dim": 300, "epochs": 3, "min_count": 10, "threads": os.cpu_count() or 1}
 
 
 def token_vectors(ctx: InitContext) -> TokenVectors:
@@ -102,13 +104,13 @@ def focus_rows(
     positions = np.flatnonzero(where[new_ids] >= 0)
     hidden = source_matrix.shape[1]
     if len(key_t) == 0 or len(positions) == 0:  # nothing to compare with, or nothing to compare
-        return torch.zeros(0, hidden), np.zeros(0, dtype=np.int64), len(key_t)
+        return torch.zeros(0, hidden, device=source_matrix.device), np.zeros(0, dtype=np.int64), len(key_t)
     table = torch.as_tensor(np.asarray(vectors.vectors, dtype=np.float32))
     queries = table[torch.from_numpy(where[new_ids[positions]])]
     keys = table[torch.from_numpy(where[key_t])]
     weights = sparsemax_cosine_weights(queries, keys, block_size=block_size)
-    key_rows = source_matrix[torch.from_numpy(key_s)].to(torch.float32)
-    return torch.sparse.mm(weights, key_rows), positions, len(key_t)
+    key_rows = source_matrix[torch.from_numpy(key_s).to(source_matrix.device)].to(torch.float32)  # only the keys
+    return torch.sparse.mm(weights.to(source_matrix.device), key_rows), positions, len(key_t)
 
 
 @register(
@@ -119,7 +121,7 @@ def focus_rows(
 )
 def focus(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     """FOCUS rows for ``ctx.plan.new_ids``; new tokens without a fastText vector get Random rows."""
-    source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
+    check_source_matrix(source_matrix, ctx)
     vectors = token_vectors(ctx)
     rows, positions, n_keys = focus_rows(source_matrix, ctx.plan, vectors)
     out = random_rows(source_matrix, ctx)  # the fallback rows, drawn for every new id so each matches Random

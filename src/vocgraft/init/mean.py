@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, check_source_matrix, gathered_product, matrix_blocks, register
 from vocgraft.tokenization.canonical import (
     canonical_form,
     canonical_tokens,
@@ -64,11 +64,11 @@ def mean_rows(
 ) -> torch.Tensor:
     """Mean rows for ``target_ids`` (in that order), ``[len(target_ids), hidden]`` float32.
 
-    One sparse averaging matrix (targets x source tokens, weight 1/len(pieces)) times the source rows: no
-    Python loop over tensor ops, and no gathered copy of every piece's row.
+    One sparse averaging matrix (targets x source tokens, weight 1/len(pieces)) times the source rows it uses,
+    cast to float32 (:func:`gathered_product`): no Python loop over tensor ops, no float32 copy of the whole
+    matrix, on the matrix's device.
     """
     n_source = len(plan.source_tokens)
-    matrix = source_matrix[:n_source].detach().to(torch.float32)
     rows: list[int] = []
     cols: list[int] = []
     weights: list[float] = []
@@ -89,7 +89,7 @@ def mean_rows(
         (len(target_ids), n_source),
         check_invariants=True,  # ids out of range must fail here, not read stray memory
     ).coalesce()  # repeated pieces (``aa`` -> a, a) sum to their share
-    out = torch.sparse.mm(averaging, matrix)
+    out = gathered_product(averaging, source_matrix)
     if inexact:
         warnings.warn(
             f"mean: the source tokenizer cannot spell {inexact} of {len(target_ids)} tokens byte for byte; "
@@ -97,7 +97,7 @@ def mean_rows(
             stacklevel=2,
         )
     if empty:
-        out[empty] = matrix.mean(dim=0)
+        out[empty] = _centroid(source_matrix[:n_source])
         warnings.warn(
             f"mean: {len(empty)} of {len(target_ids)} tokens have no source pieces at all; they get the mean "
             "of all source rows.",
@@ -106,13 +106,21 @@ def mean_rows(
     return out
 
 
+def _centroid(matrix: torch.Tensor) -> torch.Tensor:
+    """Mean of all rows in float32, over float32 row blocks (no float32 copy of the whole matrix)."""
+    total = torch.zeros(matrix.shape[1], dtype=torch.float64, device=matrix.device)
+    for rows in matrix_blocks(matrix):
+        total += rows.sum(dim=0, dtype=torch.float64)
+    return (total / max(matrix.shape[0], 1)).to(torch.float32)
+
+
 @register(
     "mean",
     summary="mean of the source rows of the pieces that spell the token",
     reference="paper 000 §3.2 (Mean)",
 )
 def mean(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
+    check_source_matrix(source_matrix, ctx)
     return mean_rows(
         source_matrix, ctx.plan, ctx.source_tokenizer, ctx.plan.new_ids, target_tokenizer=ctx.target_tokenizer
     )

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from vocgraft.init import InitContext, MethodInputError, register, source_rows
+from vocgraft.init import InitContext, MethodInputError, check_source_matrix, gathered_product, register
 from vocgraft.init.mean import source_pieces
 from vocgraft.init.random import normal_rows
 from vocgraft.tokenization.bpe import parse_merges
@@ -184,13 +184,14 @@ def merge_tree(plan: Any, source_tokenizer: Any, target_tokenizer: Any, aux_toke
 
 
 def tree_rows(matrix: torch.Tensor, tree: MergeTree) -> torch.Tensor:
-    """Rows of every node (zeros where unmapped) from the real source rows ``matrix``, level by level."""
+    """Rows of every node (zeros where unmapped) from the source rows ``matrix`` (any float dtype and device; the
+    rows each level uses are cast to float32), level by level."""
     n_nodes, n_source = len(tree.names), matrix.shape[0]
-    rows = torch.zeros(n_nodes, matrix.shape[1], dtype=torch.float32)
+    rows = torch.zeros(n_nodes, matrix.shape[1], dtype=torch.float32, device=matrix.device)
     leaves = list(tree.spelled)
     if leaves:
         entries = [(r, s, 1.0 / len(tree.spelled[n])) for r, n in enumerate(leaves) for s in tree.spelled[n]]
-        rows[leaves] = _sparse(entries, len(leaves), n_source) @ matrix
+        rows[leaves] = gathered_product(_sparse(entries, len(leaves), n_source), matrix)
     for level in range(1, max(tree.depth, default=0) + 1):
         nodes = [n for n, d in enumerate(tree.depth) if d == level]
         on_source, on_nodes = [], []
@@ -200,7 +201,8 @@ def tree_rows(matrix: torch.Tensor, tree: MergeTree) -> torch.Tensor:
             for ref in (ref for pair in merges for ref in pair):
                 (on_source if ref >= 0 else on_nodes).append((r, ref if ref >= 0 else -ref - 1, weight))
         # children sit at lower levels, so their rows are final by now
-        rows[nodes] = _sparse(on_source, len(nodes), n_source) @ matrix + _sparse(on_nodes, len(nodes), n_nodes) @ rows
+        from_source = gathered_product(_sparse(on_source, len(nodes), n_source), matrix)
+        rows[nodes] = from_source + _sparse(on_nodes, len(nodes), n_nodes).to(rows.device) @ rows
     return rows
 
 
@@ -214,7 +216,7 @@ def _sparse(entries: list[tuple[int, int, float]], n_rows: int, n_cols: int) -> 
 def merge_rows(source_matrix: torch.Tensor, tree: MergeTree, generator: torch.Generator) -> torch.Tensor:
     """Rows for the plan's new ids (in order): hierarchical means, Random where a token has no merge path.
 
-    ``source_matrix``: the real source rows only (no padding), float32."""
+    ``source_matrix``: the source rows without padding, in any float dtype, on any device."""
     rows = tree_rows(source_matrix, tree)[: tree.n_new]
     unmapped = [n for n in range(tree.n_new) if tree.depth[n] < 0]
     if unmapped:
@@ -249,7 +251,8 @@ def warn_random(method: str, count: int, total: int, why: str) -> None:
     reference="paper 000 Algorithm 1 (Merge)",
 )
 def merge(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    matrix = source_rows(source_matrix, ctx)
+    check_source_matrix(source_matrix, ctx)
+    matrix = source_matrix[: ctx.n_source]  # a view: rows are cast where they are used
     tree = cached_tree(ctx, "merge")
     stats = ctx.resources["merge_stats"] = tree.stats()
     if ctx.space == "input":

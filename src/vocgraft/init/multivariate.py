@@ -7,9 +7,11 @@ tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, cpu_normal, register, source_blocks
 
 
 def covariance_factor(cov: torch.Tensor) -> torch.Tensor:
@@ -20,7 +22,7 @@ def covariance_factor(cov: torch.Tensor) -> torch.Tensor:
     zero.
     """
     scale = float(cov.diagonal().mean().clamp_min(1e-12))
-    eye = torch.eye(cov.shape[0], dtype=cov.dtype)
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
     for jitter in (0.0, 1e-10, 1e-8, 1e-6):
         factor, info = torch.linalg.cholesky_ex(cov + jitter * scale * eye)
         if int(info) == 0:
@@ -29,21 +31,22 @@ def covariance_factor(cov: torch.Tensor) -> torch.Tensor:
     return vectors * values.clamp_min(0).sqrt()
 
 
-def mean_and_covariance(rows: torch.Tensor, block: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and unbiased covariance in float64, over row blocks (a 150K x 4096 float64 copy is 5 GB)."""
-    mean = rows.to(torch.float64).mean(dim=0) if rows.shape[0] <= block else _blocked_mean(rows, block)
-    cov = torch.zeros(rows.shape[1], rows.shape[1], dtype=torch.float64)
-    for start in range(0, rows.shape[0], block):
-        centered = rows[start : start + block].to(torch.float64) - mean
+def mean_and_covariance(blocks: Callable[[], Iterable[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased covariance in float64 over the row blocks ``blocks()`` yields (called twice: a mean pass,
+    then a centered pass); only a block and the ``hidden x hidden`` sums are in memory (a 150K x 4096 float64
+    copy would be 5 GB)."""
+    total, count = None, 0
+    for rows in blocks():
+        part = rows.to(torch.float64).sum(dim=0)
+        total, count = (part if total is None else total + part), count + rows.shape[0]
+    if not count:
+        raise ValueError("the source vocabulary has no tokens to take statistics over")
+    mean = total / count
+    cov = torch.zeros(mean.shape[0], mean.shape[0], dtype=torch.float64, device=mean.device)
+    for rows in blocks():
+        centered = rows.to(torch.float64) - mean
         cov += centered.T @ centered
-    return mean, cov / max(rows.shape[0] - 1, 1)
-
-
-def _blocked_mean(rows: torch.Tensor, block: int) -> torch.Tensor:
-    total = torch.zeros(rows.shape[1], dtype=torch.float64)
-    for start in range(0, rows.shape[0], block):
-        total += rows[start : start + block].to(torch.float64).sum(dim=0)
-    return total / rows.shape[0]
+    return mean, cov / max(count - 1, 1)
 
 
 @register(
@@ -52,7 +55,7 @@ def _blocked_mean(rows: torch.Tensor, block: int) -> torch.Tensor:
     reference="paper 001 §4 baseline (transformers' mean_resizing, with the real covariance)",
 )
 def multivariate_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    mean, cov = mean_and_covariance(source_rows(source_matrix, ctx))
+    mean, cov = mean_and_covariance(lambda: source_blocks(source_matrix, ctx, dtype=torch.float64))
     factor = covariance_factor(cov)
-    noise = torch.randn(len(ctx.plan.new_ids), cov.shape[0], generator=ctx.generator(), dtype=torch.float64)
+    noise = cpu_normal(ctx, (len(ctx.plan.new_ids), cov.shape[0]), cov, dtype=torch.float64)
     return (mean + noise @ factor.T).to(torch.float32)

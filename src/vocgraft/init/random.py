@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, blocked_mean_std, cpu_normal, matrix_blocks, register, source_mean_std
 
 
 def normal_rows(rows: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
-    """``n`` rows from N(mean_j, std_j) of ``rows`` (the real source rows), one independent normal per dimension."""
-    mean, std = rows.mean(dim=0), rows.std(dim=0)
-    noise = torch.randn(n, rows.shape[1], generator=generator)
-    return mean + std * noise
+    """``n`` rows from N(mean_j, std_j) of ``rows`` (the real source rows, any float dtype and device), one
+    independent normal per dimension: statistics over float32 row blocks, noise drawn on the CPU (the same rows on
+    every device) and moved to ``rows``' device."""
+    mean, std = blocked_mean_std(lambda: matrix_blocks(rows))
+    return mean + std * torch.randn(n, rows.shape[1], generator=generator).to(mean.device)
 
 
 @register(
@@ -25,4 +26,5 @@ def normal_rows(rows: torch.Tensor, n: int, generator: torch.Generator) -> torch
     reference="paper 000 §3.2 (Random)",
 )
 def random_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    return normal_rows(source_rows(source_matrix, ctx), len(ctx.plan.new_ids), ctx.generator())
+    mean, std = source_mean_std(source_matrix, ctx)
+    return mean + std * cpu_normal(ctx, (len(ctx.plan.new_ids), source_matrix.shape[1]), mean)

@@ -51,7 +51,14 @@ from typing import Any
 
 import torch
 
-from vocgraft.init import InitContext, MethodInputError, register, source_rows
+from vocgraft.init import (
+    InitContext,
+    MethodInputError,
+    check_source_matrix,
+    gathered_product,
+    register,
+    source_blocks,
+)
 from vocgraft.init.focus import token_vectors as focus_token_vectors
 from vocgraft.init.mean import target_forms
 from vocgraft.init.random import random_rows
@@ -61,6 +68,7 @@ from vocgraft.tokenization.canonical import canonical_form, canonical_tokens, de
 
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"
 MIN_EXPLAINED = 1e-3  # a fit whose projection keeps < 0.1% of |E_t[i]| is a zero row in disguise: degenerate
+TABLE_BYTES = 256 << 20  # a target PLM's embeddings up to this size in float64 are cast once, larger ones per batch
 SOLVE_BUDGET = 1 << 22  # float64 values per batched solve (32 MB): bounds memory at any vocabulary size
 _CACHE = "salt_coefficients"
 
@@ -196,7 +204,9 @@ def batched_least_squares(
     coefs: list[torch.Tensor] = [torch.empty(0, dtype=torch.float64)] * len(supports)
     explained = torch.zeros(len(supports), dtype=torch.float64)
     d = target_embeddings.shape[1]
-    table = target_embeddings.to(torch.float64)  # once: gathering float64 rows is one pass, not two
+    # once: gathering float64 rows is one pass, not two; a large PLM's table is cast per gathered batch instead
+    small = target_embeddings.numel() * 8 <= TABLE_BYTES
+    table = target_embeddings.to(torch.float64) if small else target_embeddings
     for k in sizes.unique().tolist():
         if k == 0:
             continue
@@ -443,12 +453,21 @@ def stats_key(method: str) -> str:
 def salt_rows(source_matrix: torch.Tensor, ctx: InitContext, *, center: bool, method: str) -> torch.Tensor:
     """The rows of ``ctx.plan.new_ids`` in the space of ``source_matrix`` (the body of ``salt`` and
     ``salt-centered``)."""
-    src = source_rows(source_matrix, ctx)
+    check_source_matrix(source_matrix, ctx)
+    src = source_matrix[: ctx.n_source]  # a view in the stored dtype: rows are cast to float64 block by block
     coefficients = _cached_coefficients(ctx, center, method)
     start = time.perf_counter()
-    src = src.to(torch.float64)
-    offset = src.mean(dim=0) if center else torch.zeros_like(src[0])
-    out = (torch.sparse.mm(coefficients.matrix, src - offset) + offset).to(torch.float32)
+    # C @ (E_s - offset) + offset = C @ E_s + (1 - C 1) offset: only the rows C uses are read, in float64 blocks
+    # (no float64 copy of the whole matrix: 7 GiB for 262K x 3584)
+    finish = None
+    if center:  # the offset term, added in float64 to each block of rows before the cast
+        offset = _real_row_mean(source_matrix, ctx)
+        weight_sums = torch.sparse.sum(coefficients.matrix, dim=1).to_dense().to(offset.device)
+
+        def finish(rows: torch.Tensor, first: int, stop: int) -> torch.Tensor:
+            return rows + (1 - weight_sums[first:stop])[:, None] * offset
+
+    out = gathered_product(coefficients.matrix, src, dtype=torch.float64, out_dtype=torch.float32, finish=finish)
     if coefficients.random_rows:  # the rows Random would give these tokens, from this space's statistics
         out[coefficients.random_rows] = random_rows(source_matrix, ctx)[coefficients.random_rows]
         if ctx.space == "input":  # once per model, not again for the head
@@ -462,6 +481,15 @@ def salt_rows(source_matrix: torch.Tensor, ctx: InitContext, *, center: bool, me
     stats = ctx.resources.setdefault(stats_key(method), dict(coefficients.stats))
     stats[f"{ctx.space}_rows_seconds"] = round(time.perf_counter() - start, 3)
     return out
+
+
+def _real_row_mean(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
+    """Mean of the real source rows in float64, over float64 row blocks."""
+    total, count = None, 0
+    for rows in source_blocks(source_matrix, ctx, dtype=torch.float64):
+        part = rows.sum(dim=0)
+        total, count = (part if total is None else total + part), count + rows.shape[0]
+    return total / max(count, 1)
 
 
 @register(

@@ -10,8 +10,14 @@
     train: {strategy: lora, max_steps: 50, batch_size: 2}      # optional
     eval: {limit: 200, mt: ../shared/corpora/parallel/en-el.tsv}
     report: {tolerance: 0.02}
+    device: auto                 # auto (a GPU when there is one) | cpu | cuda | cuda:N
+    dtype: auto                  # auto (as the source stores it) | bfloat16 | float16 | float32
 
-Relative paths are relative to the directory the command runs in.
+Relative paths are relative to the directory the command runs in. ``device`` and ``dtype`` apply to every stage
+that loads a model; ``adapt``, ``train`` and ``eval`` may each set their own (``train: {dtype: bfloat16}``).
+``adapt.dtype`` is the dtype the adapted model is saved in; ``adapt.surgery`` (auto | shards | full) picks how it is
+edited (auto: on its safetensors files without loading it, when the init method needs no forward pass);
+``train.mixed_precision`` (auto | no | bf16 | fp16) and ``train.gradient_checkpointing`` are LAPT's.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ SCHEMA: dict[str, Any] = {
     "out": (str, REQUIRED),
     "seed": (int, 0),
     "sample": (int, None),
+    "device": (str, "auto"),
+    "dtype": (str, "auto"),
     "adapt": {
         "mode": (str, "expand"),
         "new_tokens": (int, 100),
@@ -41,6 +49,9 @@ SCHEMA: dict[str, Any] = {
         "keep_marks": (str, "auto"),  # auto | on | off: combining marks stay with letters (tokenization.marks)
         "protect": (str, None),
         "protect_lines": (int, 8192),
+        "surgery": (str, "auto"),
+        "device": (str, None),  # None: the top-level value
+        "dtype": (str, None),
     },
     "train": {
         "strategy": (str, "lora"),
@@ -53,6 +64,10 @@ SCHEMA: dict[str, Any] = {
         "warmup_steps": (int, 100),
         "sample": (int, None),
         "val_lines": (int, 256),
+        "mixed_precision": (str, "auto"),
+        "gradient_checkpointing": (bool, False),
+        "device": (str, None),
+        "dtype": (str, None),
     },
     "eval": {
         "limit": (int, 200),
@@ -65,11 +80,15 @@ SCHEMA: dict[str, Any] = {
         "nli": (str, None),  # JSONL task files (eval/tasks.py formats), scored with lang's templates
         "sum": (str, None),
         "span": (str, None),
+        "device": (str, None),
+        "dtype": (str, None),
     },
     "report": {"tolerance": ((int, float), 0.02)},
 }
 OPTIONAL_SECTIONS = {"train"}  # absent = that stage is skipped
 MODES = ("expand", "replace")
+PLACED_SECTIONS = ("adapt", "train", "eval")  # sections that may override the top-level device and dtype
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
 
 class ConfigError(ValueError):
@@ -99,7 +118,7 @@ def _check(section: dict, schema: dict, where: str, source: str) -> dict:
             out[key] = default
             continue
         value = section[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
             wanted = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
             raise ConfigError(f"{source}: {name} must be {wanted}; got {value!r}.")
         out[key] = value
@@ -173,6 +192,7 @@ def validate(raw: dict, source: str = "config") -> dict:
         )
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
+    _check_placement(config, source)
     check_values(config, source)
     named = {key: config[key] for key in ("corpus", "heldout")}
     named |= {f"eval.{key}": config["eval"][key] for key in ("mt", "nli", "sum", "span") if config["eval"][key]}
@@ -190,6 +210,28 @@ def validate(raw: dict, source: str = "config") -> dict:
     except (CorpusError, OutputExistsError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return config
+
+
+def placement(config: dict, section: str) -> tuple[str, str]:
+    """(device, dtype) of a stage: the section's own, else the top-level values."""
+    own = config.get(section) or {}
+    device = own.get("device") or config["device"]
+    dtype = own.get("dtype") or config["dtype"]
+    return device, dtype
+
+
+def _check_placement(config: dict, source: str) -> None:
+    from vocgraft.devices import DTYPE_CHOICES
+    from vocgraft.recipes.common import SURGERY_PATHS
+
+    for where, section in [("", config), *((f"{name}.", config[name]) for name in PLACED_SECTIONS)]:
+        if section is not None and section.get("dtype") is not None and section["dtype"] not in DTYPE_CHOICES:
+            choices = ", ".join(DTYPE_CHOICES)
+            raise ConfigError(f"{source}: {where}dtype must be one of {choices}; got {section['dtype']!r}.")
+    if config["adapt"]["surgery"] not in SURGERY_PATHS:
+        raise ConfigError(f"{source}: adapt.surgery must be one of {', '.join(SURGERY_PATHS)}.")
+    if config["train"] is not None and config["train"]["mixed_precision"] not in MIXED_PRECISION:
+        raise ConfigError(f"{source}: train.mixed_precision must be one of {', '.join(MIXED_PRECISION)}.")
 
 
 # section.key -> (test, what it must be): the ranges the CLI's flags have (preflight.RULES), for the YAML keys

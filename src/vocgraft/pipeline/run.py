@@ -95,6 +95,7 @@ def run_pipeline(config: dict) -> dict:
     adapt, seed = config["adapt"], config["seed"]
     inputs = {"model": config["model"], "corpus": fingerprint(config["corpus"]), "sample": config["sample"]}
     evaluation = dict(config["eval"], heldout=fingerprint(config["heldout"]), lang=config["lang"])
+    evaluation = _keyed(config, "eval", evaluation)
     stages: list[Stage] = []
 
     def stage(name: str, params: dict, build: Callable[[Path], dict | None]) -> Stage:
@@ -113,7 +114,9 @@ def run_pipeline(config: dict) -> dict:
         {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab, "keep_marks": adapt["keep_marks"]},
         lambda p: _train_tokenizer(config, lines(), p),
     )
-    adapt_params = dict(adapt, protect=fingerprint(adapt["protect"]) if adapt["protect"] else None, seed=seed)
+    adapt_params = _keyed(
+        config, "adapt", dict(adapt, protect=fingerprint(adapt["protect"]) if adapt["protect"] else None, seed=seed)
+    )
     final = stage(
         "adapt",
         {**inputs, **adapt_params, "tokenizer": tokenizer.key},
@@ -123,7 +126,7 @@ def run_pipeline(config: dict) -> dict:
         adapted = final
         final = stage(
             "train",
-            {**config["train"], "corpus": inputs["corpus"], "model": adapted.key, "seed": seed},
+            _keyed(config, "train", dict(config["train"], corpus=inputs["corpus"], model=adapted.key, seed=seed)),
             lambda p: _train(config, adapted.path, p),
         )
     model_eval = stage(
@@ -146,6 +149,22 @@ def run_pipeline(config: dict) -> dict:
         "source_bits_per_byte": source["bits_per_byte"],
         "stages": [asdict(s) | {"path": str(s.path)} for s in stages],
     }
+
+
+def _keyed(config: dict, section: str, params: dict) -> dict:
+    """A stage's key parameters: the section's settings with its device and dtype as resolved (dtype only when not
+    auto, device only for evaluation, where it changes the speeds measured) and without the settings that do not
+    change the result (how surgery edits the files, gradient checkpointing), so keys of earlier runs still hold."""
+    from vocgraft.pipeline.config import placement
+
+    ignored = {"device", "dtype", "surgery", "gradient_checkpointing"}
+    keyed = {k: v for k, v in params.items() if k not in ignored and not (k == "mixed_precision" and v == "auto")}
+    device, dtype = placement(config, section)
+    if dtype != "auto":
+        keyed["dtype"] = dtype
+    if section == "eval" and device != "auto":
+        keyed["device"] = device
+    return keyed
 
 
 def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
@@ -172,11 +191,13 @@ def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
     from vocgraft.corpus import read_lines
-    from vocgraft.pipeline.config import method_args
+    from vocgraft.pipeline.config import method_args, placement
     from vocgraft.recipes.expand import expand_model
     from vocgraft.recipes.replace import replace_model
 
     adapt = config["adapt"]
+    device, dtype = placement(config, "adapt")
+    where = {"device": device, "dtype": dtype, "surgery": adapt["surgery"]}
     if adapt["mode"] == "replace":
         _, result = replace_model(
             config["model"],
@@ -185,6 +206,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
             path,
             tokenizer_spec=str(tokenizer_dir),
             seed=config["seed"],
+            **where,
             keep_marks=adapt["keep_marks"],
             **method_args(adapt),
         )
@@ -203,6 +225,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         protect=protect,
         scripts=scripts,
         seed=config["seed"],
+        **where,
         keep_marks=adapt["keep_marks"],
         **method_args(adapt),
     )
@@ -210,9 +233,11 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
 
 
 def _train(config: dict, model_dir: Path, path: Path) -> dict:
+    from vocgraft.pipeline.config import placement
     from vocgraft.train.lapt import TrainConfig, train
 
-    settings = dict(config["train"], seed=config["seed"], show_progress=False)
+    device, dtype = placement(config, "train")
+    settings = dict(config["train"], seed=config["seed"], show_progress=False, device=device, dtype=dtype)
     # resume: a run killed mid-training continues from its last checkpoint (<stage>.checkpoints)
     summary = train(TrainConfig(model=str(model_dir), corpus=config["corpus"], out=str(path), resume=True, **settings))
     return {k: summary[k] for k in ("steps", "tokens_per_second", "val_loss_start", "val_loss_end", "train_seconds")}
@@ -220,35 +245,41 @@ def _train(config: dict, model_dir: Path, path: Path) -> dict:
 
 def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -> dict:
     """Tokens/line, bits/byte and its uniform reference (+ speedup vs ``baseline``'s tokenizer, MT and generation
-    speed when configured), written to ``eval.json`` in ``path``."""
+    speed when configured), written to ``eval.json`` in ``path``. The model is loaded once for all of them."""
     from vocgraft.cli import run_eval, write_json
     from vocgraft.eval.downstream import new_token_ids
+    from vocgraft.models import timed_load
+    from vocgraft.pipeline.config import placement
 
     ev = config["eval"]
-    result = run_eval(model_spec, config["heldout"], baseline=baseline, limit=ev["limit"], max_length=ev["max_length"])
+    device, dtype = placement(config, "eval")
+    loaded = timed_load(model_spec, dtype, device)
+    result = run_eval(
+        model_spec, config["heldout"], baseline=baseline, limit=ev["limit"], max_length=ev["max_length"], loaded=loaded
+    )
     facts = {
         "tokens_per_line": result["tokenizer"]["tokens_per_line_mean"],
         "bits_per_byte": result["bpb"]["bits_per_byte"],
         "uniform_bits_per_byte": result["bpb"]["uniform_bits_per_byte"],
         "speedup": result.get("speedup", 1.0),
     }
+    tokenizer = loaded[1]
     new_ids = new_token_ids(model_spec)
     if new_ids is not None:  # the share of the new tokens the held-out text actually uses
         from vocgraft.corpus import read_lines
         from vocgraft.eval import encode_lines
         from vocgraft.eval.fertility import new_tokens_used_share
-        from vocgraft.models import load_tokenizer
 
         text = read_lines(config["heldout"], limit=ev["limit"])
-        facts["new_tokens_used_share"] = new_tokens_used_share(encode_lines(load_tokenizer(model_spec), text), new_ids)
+        facts["new_tokens_used_share"] = new_tokens_used_share(encode_lines(tokenizer, text), new_ids)
     if ev["mt"] or ev["prompts"] or any(ev[task] for task in TASKS):
-        facts["downstream"] = _downstream(model_spec, config)
+        facts["downstream"] = _downstream(model_spec, config, loaded[:2])
     path.mkdir(parents=True, exist_ok=True)
     write_json(path / "eval.json", {"summary": facts, "full": result})
     return facts
 
 
-def _downstream(model_spec: str, config: dict) -> dict:
+def _downstream(model_spec: str, config: dict, loaded: tuple) -> dict:
     from vocgraft.corpus import read_lines
     from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream
     from vocgraft.eval.generation import prompts_from_lines
@@ -266,7 +297,7 @@ def _downstream(model_spec: str, config: dict) -> dict:
         mt_limit=ev["mt_limit"],
         tasks={task: read_records(ev[task], task) for task in TASKS if ev[task]},
     )
-    result = evaluate_downstream(model_spec, spec)
+    result = evaluate_downstream(model_spec, spec, loaded=loaded)
     summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
     for t in result["tasks"]:
         summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}

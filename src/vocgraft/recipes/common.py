@@ -7,9 +7,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import INPUTS, InitContext, MethodInputError, get_method, initialize
+from vocgraft.init import INPUTS, InitContext, MethodInputError, get_method, initialize, initialize_matrices
 from vocgraft.plan import VocabPlan, raw_tokens
-from vocgraft.surgery import graft, save_model_dir
+from vocgraft.shards import ShardedModel, ShardMismatch, why_not_sharded
+from vocgraft.surgery import SurgeryError, graft, save_model_dir
+
+SURGERY_PATHS = ("auto", "shards", "full")
+SURGERY_HELP = (
+    "auto: edit the safetensors files without loading the model when the init method needs no forward pass "
+    "(memory follows the embedding matrices), else load it; shards / full: force one"
+)
 
 # method inputs that the user names by a path: the command-line flag and the pipeline key (``adapt.<key>``)
 USER_INPUTS = {"target_plm": "--target-plm"}
@@ -28,6 +35,56 @@ def target_plm_resources(spec: str) -> dict[str, Any]:
 
 
 _LOADERS = {"target_plm": target_plm_resources}
+
+
+def open_source(
+    model_spec: str,
+    init: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    surgery: str = "auto",
+    tokenizer=None,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The source model for expand/replace: (model, tokenizer, facts for the manifest).
+
+    The model is a :class:`~vocgraft.shards.ShardedModel` (only the embedding matrices are ever read) when the init
+    method needs no forward pass and the source is a local safetensors directory whose tensors match the model's;
+    otherwise the model loaded whole in ``dtype`` on ``device``. ``surgery`` forces a path ("shards" refuses
+    when it cannot be taken)."""
+    from vocgraft.devices import resolve_device
+    from vocgraft.models import ModelLoadError, load_model, load_tokenizer, resolve
+
+    if surgery not in SURGERY_PATHS:
+        raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")
+    resolve_device(device)  # a device that is not there is an error whichever path runs
+    where = resolve(model_spec)
+    if "model" in get_method(init).needs:
+        why = f"init method {init!r} runs the model"
+    else:
+        why = why_not_sharded(where)
+    if why is None and surgery != "full":
+        try:
+            source = ShardedModel.open(where, dtype)
+        except ShardMismatch as exc:
+            why = str(exc)
+        except OSError as exc:
+            raise ModelLoadError(f"could not read model {model_spec!r}: {exc}") from exc
+        else:
+            source.check_fits()
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_spec)
+            return source, tokenizer, {"path": "shards", "dtype": _dtype_of(source), "device": "cpu"}
+    if surgery == "shards":
+        raise SurgeryError(f"--surgery shards: cannot edit {model_spec} file by file: {why}; use --surgery auto.")
+    why = "--surgery full" if surgery == "full" else why
+    hint = f"expand/replace read only the embedding matrices when they can edit the files ({why})"
+    model, tokenizer = load_model(model_spec, dtype, device, tokenizer=tokenizer, hint=hint)
+    device_name = str(model.get_input_embeddings().weight.device)
+    return model, tokenizer, {"path": "full-load", "why": why, "dtype": _dtype_of(model), "device": device_name}
+
+
+def _dtype_of(model) -> str:
+    return str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
 
 
 def check_method_inputs(init: str, given: dict[str, Any]) -> None:
@@ -74,8 +131,9 @@ def init_and_graft(
 ) -> tuple[float, dict[str, Any]]:
     """Initialize ``plan.new_ids`` with ``init`` and put the rows into ``model`` (in place).
 
-    Returns the initialization's wall time and the resources dict, where methods leave their statistics
-    (e.g. FOCUS's fallback share)."""
+    ``model``: a loaded model, or a :class:`~vocgraft.shards.ShardedModel` (rows from its matrices read one at a
+    time; the graft is recorded for its save). Returns the initialization's wall time and the resources dict,
+    where methods leave their statistics (e.g. FOCUS's fallback share)."""
     ctx = InitContext(
         plan,
         source_tokenizer,
@@ -87,9 +145,15 @@ def init_and_graft(
         options=dict(options or {}),
     )
     start = time.perf_counter()
-    input_rows, head_rows = initialize(model, init, ctx)
-    seconds = time.perf_counter() - start
-    graft(model, plan, input_rows, head_rows, target_tokenizer)
+    if isinstance(model, ShardedModel):
+        head = None if model.tied else model.matrix_reader("head")
+        input_rows, head_rows = initialize_matrices(init, ctx, model.matrix_reader("input"), head)
+        seconds = time.perf_counter() - start
+        model.graft(plan, input_rows, head_rows, target_tokenizer)
+    else:
+        input_rows, head_rows = initialize(model, init, ctx)
+        seconds = time.perf_counter() - start
+        graft(model, plan, input_rows, head_rows, target_tokenizer)
     return seconds, ctx.resources
 
 
@@ -108,6 +172,17 @@ def save_adapted(
     manifest: dict,
     extra_json: dict | None = None,
 ) -> Path:
-    """The HF directory plus the plan (``vocgraft-plan.json``) and the manifest, written atomically."""
+    """The HF directory plus the plan (``vocgraft-plan.json``) and the manifest, written atomically (a
+    :class:`~vocgraft.shards.ShardedModel` writes its files itself)."""
     extra = {"vocgraft-plan.json": plan.to_dict(), **(extra_json or {})}
+    if isinstance(model, ShardedModel):
+        return save_model_dir(
+            model.skeleton,
+            tokenizer,
+            out_dir,
+            overwrite=overwrite,
+            manifest=manifest,
+            extra_json=extra,
+            write_weights=model.weight_writer(),
+        )
     return save_model_dir(model, tokenizer, out_dir, overwrite=overwrite, manifest=manifest, extra_json=extra)

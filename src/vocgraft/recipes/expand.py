@@ -12,10 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.init import method_options
-from vocgraft.models import load_model, load_tokenizer
+from vocgraft.models import load_tokenizer
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
+from vocgraft.recipes.common import (
+    check_method_inputs,
+    init_and_graft,
+    method_resources,
+    method_stats,
+    open_source,
+    save_adapted,
+)
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 from vocgraft.tokenization.expand import check_pair, expandable_family
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
@@ -139,11 +146,16 @@ def expand_model(
     inputs: dict | None = None,
     method_inputs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    surgery: str = "auto",
     keep_marks: str = "auto",
 ) -> tuple[Path, Expanded]:
     """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest.
 
-    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings."""
+    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings.
+    ``dtype`` (auto: the source's) is the saved model's; ``surgery`` picks how the model is edited
+    (:func:`~vocgraft.recipes.common.open_source`: on its files without loading it, or loaded on ``device``)."""
     check_writable(out_dir, overwrite)  # before minutes of work
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
@@ -157,7 +169,9 @@ def expand_model(
             check_pair(source_tokenizer, aux)
         except ValueError as exc:
             raise ExpandError(f"--aux-tokenizer {aux_tokenizer_spec}: {exc}") from None
-    model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
+    model, source_tokenizer, surgery_facts = open_source(
+        model_spec, init, dtype=dtype, device=device, surgery=surgery, tokenizer=source_tokenizer
+    )
     result = expand_loaded(
         model,
         source_tokenizer,
@@ -203,6 +217,7 @@ def expand_model(
         },
         "timings": result.timings,
         "init_stats": result.stats,
+        "surgery": surgery_facts,
     }
     out = save_adapted(
         result.model,

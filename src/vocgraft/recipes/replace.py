@@ -13,10 +13,17 @@ from typing import Any
 
 from vocgraft.compat import add_extra_special_tokens
 from vocgraft.init import method_options
-from vocgraft.models import load_model, load_tokenizer
+from vocgraft.models import load_tokenizer
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
+from vocgraft.recipes.common import (
+    check_method_inputs,
+    init_and_graft,
+    method_resources,
+    method_stats,
+    open_source,
+    save_adapted,
+)
 from vocgraft.tokenization import train_tokenizer
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.spec import tokenizer_family
@@ -164,17 +171,22 @@ def replace_model(
     inputs: dict | None = None,
     method_inputs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    surgery: str = "auto",
     keep_marks: str = "auto",
 ) -> tuple[Path, Replaced]:
     """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest.
 
-    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings."""
+    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings.
+    ``dtype`` (auto: the source's) is the saved model's; ``surgery`` picks how the model is edited
+    (:func:`~vocgraft.recipes.common.open_source`: on its files without loading it, or loaded on ``device``)."""
     check_writable(out_dir, overwrite)  # before minutes of work
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
     check_method_inputs(init, method_inputs)
     check_setting(keep_marks)
-    model, source_tokenizer = load_model(model_spec)
+    model, source_tokenizer, surgery_facts = open_source(model_spec, init, dtype=dtype, device=device, surgery=surgery)
     target = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
     resources = method_resources(init, method_inputs)
     result = replace_loaded(
@@ -205,6 +217,7 @@ def replace_model(
         "plan": result.plan.summary(),
         "timings": result.timings,
         "init_stats": result.stats,
+        "surgery": surgery_facts,
     }
     out = save_adapted(result.model, result.tokenizer, result.plan, out_dir, overwrite=overwrite, manifest=manifest)
     return out, result

@@ -85,7 +85,7 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
     timings = {}
     start = time.perf_counter()
-    model, source_tokenizer = load_model(config.model)
+    model, source_tokenizer = load_model(config.model, config.dtype, "cpu")  # accelerate places it
     given = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
     lines = [] if given else read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
     target = target_tokenizer_for(
@@ -97,7 +97,10 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     start = time.perf_counter()
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
-    build = dict(candidates=settings.candidates, seed=config.seed)
+    from vocgraft.devices import resolve_device
+
+    # the neighbour search on the training device (a GPU when there is one): the matrices stay in their dtype
+    build = dict(candidates=settings.candidates, seed=config.seed, device=resolve_device(config.device))
     input_start = adapter_start(emb.weight, plan, source_tokenizer, target, **build)
     if settings.adapters == "shared" or head is None:
         head_start = None

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -14,25 +16,30 @@ class TrainingError(ValueError):
 
 
 def pack_tokens(tokenizer: Any, lines: Sequence[str], seq_len: int, *, batch: int = 4096) -> torch.Tensor:
-    """The corpus as ``[n_chunks, seq_len]`` token ids: documents joined by EOS, cut into full chunks.
+    """The corpus as ``[n_chunks, seq_len]`` int32 token ids: documents joined by EOS, cut into full chunks.
 
     Packing (no padding) means every position is a real training target; the tail that does not fill a chunk
-    is dropped.
+    is dropped. Ids are collected batch by batch into numpy arrays (4 bytes a token, where a Python list of ints
+    costs ~36); the result is a view of one array, so take ``.long()`` of the rows a step uses (losses need int64).
     """
     sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
-    ids: list[int] = []
+    parts: list[np.ndarray] = []
     for start in range(0, len(lines), batch):  # batched: the fast tokenizer encodes a batch in parallel
-        for doc in tokenizer(list(lines[start : start + batch]), add_special_tokens=False)["input_ids"]:
-            ids += doc
-            if sep is not None:
-                ids.append(sep)
+        docs = tokenizer(list(lines[start : start + batch]), add_special_tokens=False)["input_ids"]
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int32, count=int(lengths.sum()))
+        if sep is not None:  # a separator after every document
+            ids = np.insert(ids, np.cumsum(lengths), sep)
+        parts.append(ids)
+    ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+    del parts
     n_chunks = len(ids) // seq_len
     if n_chunks == 0:
         raise TrainingError(
             f"the corpus gives {len(ids)} tokens, fewer than one sequence of seq_len={seq_len}; "
             "give more text or a smaller seq_len."
         )
-    return torch.tensor(ids[: n_chunks * seq_len], dtype=torch.long).view(n_chunks, seq_len)
+    return torch.from_numpy(ids[: n_chunks * seq_len]).view(n_chunks, seq_len)
 
 
 def split_validation(lines: Sequence[str], n_val: int) -> tuple[list[str], list[str]]:

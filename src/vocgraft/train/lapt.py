@@ -42,7 +42,10 @@ SCHEDULER_FILE = "scheduler.pt"
 RESUME_KEYS = (
     "model", "corpus", "strategy", "objective", "seq_len", "batch_size", "grad_accum", "epochs", "max_steps",
     "lr", "warmup_steps", "weight_decay", "stage1_share", "sample", "val_lines", "seed", "max_grad_norm", "adapter",
+    "dtype", "mixed_precision",
 )  # fmt: skip
+# keys checkpoints made before they existed lack: what those runs used
+RESUME_DEFAULTS = {"dtype": "auto", "mixed_precision": "auto"}
 
 
 @dataclass
@@ -75,6 +78,10 @@ class TrainConfig:
     show_progress: bool = True
     inputs: dict = dataclass_field(default_factory=dict)  # extra facts for the manifest
     adapter: dict | None = None  # VocADT's settings (alpha, candidates, ...): part of what a resume must match
+    dtype: str = "auto"  # the weights' dtype, loaded and saved (auto: as stored); trained ones are float32 meanwhile
+    device: str = "auto"  # auto: accelerate's choice (a GPU when there is one); under `accelerate launch`: auto only
+    mixed_precision: str = "auto"  # accelerate's autocast: devices.training_precision
+    gradient_checkpointing: bool = False
 
     def checkpoint_root(self) -> Path:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
@@ -141,9 +148,10 @@ def _check_config(config: TrainConfig) -> None:
 
 def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
     saved = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-    changed = [k for k in RESUME_KEYS if saved["config"].get(k) != getattr(config, k)]
+    before = {k: saved["config"].get(k, RESUME_DEFAULTS.get(k)) for k in RESUME_KEYS}
+    changed = [k for k in RESUME_KEYS if before[k] != getattr(config, k)]
     if changed:
-        diffs = ", ".join(f"{k}: {saved['config'].get(k)!r} -> {getattr(config, k)!r}" for k in changed)
+        diffs = ", ".join(f"{k}: {before[k]!r} -> {getattr(config, k)!r}" for k in changed)
         raise TrainingError(
             f"--resume: the checkpoint {checkpoint} was made with other settings ({diffs}); resume with the same "
             "settings, or start over with another --checkpoint-dir."
@@ -151,19 +159,105 @@ def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
     return RunState(**saved["state"])
 
 
-def _validation_loss(objective: LMObjective, chunks: torch.Tensor, batch_size: int, device) -> float:
-    """Mean next-token loss on the held-out sequences (CLM only, whatever the training objective)."""
-    was_training = objective.training
-    objective.eval()
-    total, count = 0.0, 0
+def _validation_loss(wrapped, chunks: torch.Tensor, batch_size: int, accelerator) -> float:
+    """Mean next-token loss on the held-out sequences (CLM only, whatever the training objective).
+
+    Through the prepared module (under FSDP the only one that gathers whole weights, under mixed precision the one
+    that autocasts): each process scores its share (``rank::processes``) with the same number of forward calls
+    (collectives run inside them; a process whose share ran out scores a stand-in row at weight 0), and the sums
+    are added across processes."""
+    procs, rank = accelerator.num_processes, accelerator.process_index
+    mine = chunks[rank::procs]
+    calls = math.ceil(math.ceil(len(chunks) / procs) / batch_size)
+    was_training = wrapped.training
+    wrapped.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     with torch.no_grad():
-        for batch in chunks.split(batch_size):
-            batch = batch.to(device)
-            _, clm = objective(batch)
-            total += float(clm) * batch.shape[0]
-            count += batch.shape[0]
-    objective.train(was_training)
-    return total / count
+        for i in range(calls):
+            batch = mine[i * batch_size : (i + 1) * batch_size]
+            weight = batch.shape[0]
+            _, clm = wrapped((batch if weight else chunks[:1]).to(device=accelerator.device, dtype=torch.long))
+            total[0] += float(clm) * weight
+            total[1] += weight
+    total = accelerator.reduce(total, reduction="sum")
+    wrapped.train(was_training)
+    return float(total[0] / total[1])
+
+
+def is_sharded(accelerator) -> bool:
+    """Whether each process holds only a shard of the weights (FSDP, DeepSpeed ZeRO)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module``'s structure whose parameters and buffers are meta tensors (no memory): what a gathered
+    state dict is loaded into. Shared tensors stay shared (a tied head stays tied)."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) not in memo:
+            empty = torch.empty_like(tensor, device="meta")
+            is_param = isinstance(tensor, torch.nn.Parameter)
+            memo[id(tensor)] = torch.nn.Parameter(empty, requires_grad=tensor.requires_grad) if is_param else empty
+    return copy.deepcopy(module, memo)
+
+
+def trained_objective(accelerator, wrapped, skeleton: torch.nn.Module | None) -> torch.nn.Module | None:
+    """The trained objective as one whole module, to save.
+
+    Unwrapped as it is where every process holds whole weights; under FSDP/ZeRO (``skeleton``: a
+    :func:`meta_copy` of the objective made before ``prepare``) the full state dict is gathered across processes
+    (a collective: every process calls this) and loaded into the skeleton on the main process; other processes get
+    None."""
+    if not is_sharded(accelerator):
+        return accelerator.unwrap_model(wrapped)
+    if skeleton is None:
+        raise TrainingError("a sharded run needs the objective's skeleton to gather its weights into.")
+    state = accelerator.get_state_dict(wrapped)  # full tensors, on the main process only
+    if not accelerator.is_main_process:
+        return None
+    model = skeleton.model
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is emb.weight
+    skeleton.load_state_dict(state, strict=True, assign=True)
+    if tied and head.weight is not emb.weight:  # a gathered copy per name: one matrix again, as trained
+        head.weight = emb.weight
+    stale = [name for name, tensor in skeleton.state_dict().items() if tensor.is_meta]
+    if stale:
+        raise TrainingError(f"the gathered state dict left {stale[:3]} empty; cannot save a partial model.")
+    return skeleton
+
+
+def _checkpoint_activations(model) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant: works with frozen inputs,
+    LoRA and FSDP); transformers 5 names it activation checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def _hold(model, frozen: torch.dtype) -> None:
+    """Frozen weights in ``frozen``, trained ones in float32 (the optimizer's master weights)."""
+    for param in model.parameters():
+        if not param.is_floating_point():
+            continue
+        want = torch.float32 if param.requires_grad else frozen
+        if param.dtype != want and (param.requires_grad or frozen == torch.float32):
+            param.data = param.data.to(want)
+
+
+def _restore_dtypes(model, dtypes: dict[str, torch.dtype], default: torch.dtype) -> None:
+    """Every weight back in the dtype it was loaded in (new ones, e.g. merged rows: ``default``) for the save."""
+    for name, param in model.named_parameters():
+        want = dtypes.get(name, default)
+        if param.is_floating_point() and param.dtype != want:
+            param.data = param.data.to(want)
 
 
 def _save_checkpoint(accelerator, root: Path, state: RunState, config: TrainConfig, scheduler) -> Path:
@@ -189,20 +283,20 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary.
 
     ``prepared`` replaces loading ``config.model`` (which then only names the source in manifests)."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from transformers import get_cosine_schedule_with_warmup
 
     from vocgraft.corpus import read_corpus
+    from vocgraft.devices import dtype_name, frozen_dtype
     from vocgraft.models import describe, load_model
 
     _check_config(config)
     check_writable(config.out, config.overwrite)  # fail before any work
     wall_start = time.perf_counter()
-    # a multi-process launch (accelerate launch --multi_gpu, torchrun) on a machine without GPUs: processes talk
-    # over gloo on the CPU; accelerate only picks that when told the run is a CPU run
-    cpu_ranks = "LOCAL_RANK" in os.environ and not torch.cuda.is_available()
-    accelerator = Accelerator(cpu=True) if cpu_ranks else Accelerator()
+    accelerator, weights_dtype = _accelerator(config, prepared)
+    sharded = is_sharded(accelerator)
+    if sharded and prepared is not None:
+        raise TrainingError("VocADT adapters cannot be trained under FSDP/DeepSpeed ZeRO; use one GPU or DDP.")
     root = config.checkpoint_root()
     checkpoint = latest_checkpoint(root) if config.resume else None
     if not config.resume and root.exists() and any(root.glob("step-*")):
@@ -214,11 +308,18 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
 
     lines = read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
     train_lines, val_lines = split_validation(lines, config.val_lines)
+    frozen = frozen_dtype(weights_dtype, accelerator.mixed_precision, sharded)
     if prepared is None:
-        model, tokenizer = load_model(config.model)
+        # straight onto this process's device (prepare would move it there anyway); sharded runs shard from the CPU
+        place = "cpu" if sharded else accelerator.device
+        model, tokenizer = load_model(config.model, weights_dtype, place)
         info = describe(model, tokenizer).to_dict()
     else:
         model, tokenizer, info = prepared.model, prepared.tokenizer, {"model": config.model}
+    loaded_dtypes = {name: param.dtype for name, param in model.named_parameters()}
+    _hold(model, frozen)
+    if config.gradient_checkpointing:
+        _checkpoint_activations(model)
     chunks = pack_tokens(tokenizer, train_lines, config.seq_len)
     val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len)
     micro, procs = config.batch_size, accelerator.num_processes
@@ -240,9 +341,11 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     for phase in plan:
         phase_end = phase_start + phase.steps
         objective.model = configure(objective.model, phase.setup)
+        _hold(objective, frozen)  # what this phase trains: float32
         if phase_end <= state.step:  # finished before the checkpoint: only its structure (LoRA) matters
             phase_start = phase_end
             continue
+        skeleton = meta_copy(objective) if sharded else None
         params = [p for p in objective.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         warmup = min(config.warmup_steps, phase.steps // 10)
@@ -254,12 +357,12 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             scheduler.load_state_dict(torch.load(pending_checkpoint / SCHEDULER_FILE, weights_only=True))
             pending_checkpoint = None
         if not state.val:
-            state.val.append({"step": 0, "loss": _validation_loss(objective, val_chunks, micro, accelerator.device)})
+            state.val.append({"step": 0, "loss": _validation_loss(wrapped, val_chunks, micro, accelerator)})
         wrapped.train()
         for step in range(max(state.step, phase_start), phase_end):
             tick = time.perf_counter()
             rows = order.indices(step).view(procs, -1)[accelerator.process_index]
-            pieces = chunks[rows].to(accelerator.device).split(micro)
+            pieces = chunks[rows].to(device=accelerator.device, dtype=torch.long).split(micro)
             step_loss = torch.zeros((), device=accelerator.device)
             step_clm = torch.zeros((), device=accelerator.device)
             for i, batch in enumerate(pieces):
@@ -286,7 +389,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                 }
             )
             if state.step % eval_every == 0 or state.step == total_steps:
-                val = _validation_loss(objective, val_chunks, micro, accelerator.device)
+                val = _validation_loss(wrapped, val_chunks, micro, accelerator)
                 state.val.append({"step": state.step, "loss": val})
             bar.update(1)
             bar.set_postfix(
@@ -295,11 +398,15 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             )
             if state.step % config.save_every == 0 and state.step < total_steps:
                 _save_checkpoint(accelerator, root, state, config, scheduler)
-        objective = accelerator.unwrap_model(wrapped)
+        last_phase = phase_end >= total_steps
+        # after the last phase the whole module is needed to save (gathered under FSDP); before it, the next
+        # phase prepares the same module again
+        trained = trained_objective(accelerator, wrapped, skeleton) if last_phase else None
+        objective = trained if last_phase else accelerator.unwrap_model(wrapped)
         accelerator.free_memory()
         phase_start = phase_end
     bar.close()
-    trainable, total_params = trainable_count(objective.model)  # of the last phase
+    trainable, total_params = trainable_count(objective.model) if objective is not None else (None, None)
     summary = {
         "strategy": config.strategy,
         "objective": config.objective,
@@ -322,15 +429,56 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         "val_loss_start": state.val[0]["loss"],
         "val_loss_end": state.val[-1]["loss"],
         "peak_rss_mib": peak_rss_mib(),
+        "dtype": dtype_name(weights_dtype),
+        "mixed_precision": accelerator.mixed_precision,
+        "device": str(accelerator.device),
+        "gradient_checkpointing": config.gradient_checkpointing,
         "source": info,
     }
     if accelerator.is_main_process:
-        _save_trained(objective, tokenizer, config, state, summary, prepared)
+        saved_dtypes = (loaded_dtypes, weights_dtype)
+        _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes)
         if not config.keep_checkpoints:
             shutil.rmtree(root, ignore_errors=True)
     accelerator.wait_for_everyone()
     summary["wall_seconds"] = time.perf_counter() - wall_start
     return summary
+
+
+def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
+    """(Accelerator, the weights' dtype): the device (``config.device``), the weights' dtype (``config.dtype``: auto
+    is the checkpoint's own) and the mixed precision that suits them (:func:`vocgraft.devices.training_precision`),
+    all checked before anything is loaded."""
+    from accelerate import Accelerator
+
+    from vocgraft.devices import resolve_device, resolve_dtype, stored_dtype, training_precision
+    from vocgraft.models import resolve
+
+    launched = "LOCAL_RANK" in os.environ  # accelerate launch / torchrun: the launcher assigns each process its GPU
+    if launched and config.device != "auto":
+        raise TrainingError(f"--device {config.device}: under a multi-process launch each process gets its device "
+                            "from the launcher; leave --device auto.")  # fmt: skip
+    device = resolve_device(config.device)
+    if device.type == "cuda" and not launched:
+        torch.cuda.set_device(device)  # accelerate's single-process device is the current one
+    if prepared is not None:
+        stored = prepared.model.get_input_embeddings().weight.dtype
+    else:
+        where = resolve(config.model)
+        stored = stored_dtype(where) if Path(where).is_dir() else None
+    weights = resolve_dtype(config.dtype, stored, device)
+    mixed = training_precision(weights, device, config.mixed_precision)
+    if config.mixed_precision == "auto" and os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        mixed = None  # the launcher's setting (accelerate launch --mixed_precision / its config) wins over auto
+    if not launched:
+        # accelerate keeps one device and precision per process; a second run in the same process (a sweep, a
+        # pipeline, tests) may need others. A launched process trains once and keeps its process group.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    # on a machine without GPUs, processes of a multi-process launch talk over gloo: accelerate only picks that
+    # when told the run is a CPU run
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), weights
 
 
 def _save_trained(
@@ -340,14 +488,17 @@ def _save_trained(
     state: RunState,
     summary: dict,
     prepared: PreparedModel | None,
+    saved_dtypes: tuple[dict[str, torch.dtype], torch.dtype],
 ) -> None:
-    """The plain causal LM (LoRA merged, MTP head dropped) with its log and loss curve, written atomically."""
+    """The plain causal LM (LoRA merged, MTP head dropped, every weight back in the dtype it was loaded in) with its
+    log and loss curve, written atomically."""
     from vocgraft.report import loss_curve_png
     from vocgraft.surgery import save_model_dir
 
     model = base_model(objective.model)
     if prepared is not None and prepared.finalize is not None:
         model = prepared.finalize(model)
+    _restore_dtypes(model, *saved_dtypes)
     model.eval()
     manifest = {
         "inputs": {"model": config.model, "corpus": config.corpus, **config.inputs},

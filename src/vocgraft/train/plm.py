@@ -119,7 +119,7 @@ def train_small_plm(
         # batches walk through a fresh permutation of the chunks each epoch
         if cursor + batch_size > len(perm):
             perm, cursor = torch.randperm(len(chunks), generator=order), 0
-        batch = chunks[perm[cursor : cursor + batch_size]].to(device)
+        batch = chunks[perm[cursor : cursor + batch_size]].to(device=device, dtype=torch.long)
         cursor += batch_size
         for group in optimizer.param_groups:
             group["lr"] = lr * _lr_factor(done, step, warmup)
@@ -212,6 +212,7 @@ def plm_train_main(
     seed: int = 0,
     overwrite: bool = False,
     show_progress: bool = True,
+    device: str = "auto",
 ) -> Path:
     """``vocgraft plm train``: read the corpus, load the (target) tokenizer, train for ``minutes``, save to ``out``.
 
@@ -219,9 +220,11 @@ def plm_train_main(
     first lines of the corpus. Returns the output directory.
     """
     from vocgraft.corpus import read_lines
+    from vocgraft.devices import resolve_device
     from vocgraft.models import load_tokenizer
 
     check_writable(out, overwrite)  # before minutes of work
+    target = resolve_device(device)
     if minutes is None and steps is None:
         raise TrainingError("give --minutes or --steps: training needs a budget.")
     tokenizer = load_tokenizer(tokenizer_spec)
@@ -239,6 +242,8 @@ def plm_train_main(
         seed=seed,
         max_seconds=None if minutes is None else minutes * 60.0,
         show_progress=show_progress,
+        device=target,
     )
+    model.to("cpu")
     inputs = {"corpus": str(corpus), "tokenizer": str(tokenizer_spec), "max_lines": max_lines, "minutes": minutes}
     return save_plm(model, tokenizer, out, overwrite=overwrite, inputs=inputs)
