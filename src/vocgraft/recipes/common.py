@@ -7,9 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import INPUTS, InitContext, MethodInputError, get_method, initialize
+from vocgraft.init import INPUTS, InitContext, MethodInputError, get_method, initialize, method_options
 from vocgraft.plan import VocabPlan, raw_tokens
-from vocgraft.surgery import graft, save_model_dir
+from vocgraft.surgery import graft, save_model_dir, untie_head
+
+# a method setting the recipe reads itself: a method that declares it may ask for a model with its own LM head
+# (a tied model is untied before the init stage, so the method is called once per space and the output is untied)
+UNTIE_HEAD = "untie_head"
 
 # method inputs that the user names by a path: the command-line flag and the pipeline key (``adapt.<key>``)
 USER_INPUTS = {"target_plm": "--target-plm"}
@@ -75,7 +79,11 @@ def init_and_graft(
     """Initialize ``plan.new_ids`` with ``init`` and put the rows into ``model`` (in place).
 
     Returns the initialization's wall time and the resources dict, where methods leave their statistics
-    (e.g. FOCUS's fallback share)."""
+    (e.g. FOCUS's fallback share). A method whose ``untie_head`` setting is on gets an untied model
+    (:data:`UNTIE_HEAD`)."""
+    options = method_options(init, options)
+    if options.get(UNTIE_HEAD):
+        untie_head(model)
     ctx = InitContext(
         plan,
         source_tokenizer,

@@ -1,0 +1,236 @@
+"""Distillation init vs Mean and Align on SmolLM2, right after initialization (no training).
+
+Per language: one auxiliary tokenizer on the training sample, then for each k an expanded tokenizer, and for each
+init (``--inits``; ``distill`` variants as ``name=key:value,key:value`` over its settings) a fresh SmolLM2 expanded
+by ``vocgraft.recipes.expand``'s own path (``init_and_graft``, so ``untie_head`` unties the model as the CLI does).
+Measured: bits/byte on held-out lines (with the uniform reference), the share of new tokens in greedy generation
+on held-out prompts, and next to it the share of *tokens* (not types) that are new when the expanded tokenizer
+encodes held-out text, plus the init's wall time and what the method reported.
+
+    nice -n 10 .venv/bin/python benchmarks/distill.py [--langs el hi] [--ks 100 1000] [--eval-lines 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import new_report
+
+from vocgraft.cli import SHARED_CORPORA, write_json
+from vocgraft.corpus import read_lines
+from vocgraft.eval import bits_per_byte, encode_lines
+from vocgraft.eval.generation import GREEDY, generate_one, prompts_from_lines
+from vocgraft.init import method_options
+from vocgraft.models import load_model
+from vocgraft.plan import VocabPlan
+from vocgraft.recipes.common import init_and_graft, method_stats
+from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.report import markdown_table
+from vocgraft.tokenization import expand_tokenizer
+from vocgraft.tokenization.scripts import dominant_scripts
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMALL = "distill_snippets:4,distill_length:16"  # k=1000 on a shared CPU: half the snippets, shorter ones
+INITS = [
+    "mean",
+    "align",
+    "distill@100",
+    "distill-tied@100=untie_head:false",
+    "distill-paper@100@el=untie_head:false,distill_head_weight:0,distill_merge:one",
+    f"distill@1000={SMALL}",
+    f"distill-tied@1000@el=untie_head:false,{SMALL}",
+]
+
+
+def parse_init(spec: str) -> tuple[str, str, dict, set[str]]:
+    """``label[@filter...]=key:value,...`` -> (label, method, options, filters); the method is the label's part
+    before the first '-'; a filter is a k (``@100``) or a language (``@el``) the init is run for (all if none)."""
+    head, _, settings = spec.partition("=")
+    label, *filters = head.split("@")
+    options = {}
+    for item in filter(None, settings.split(",")):
+        key, _, value = item.partition(":")
+        options[key] = json.loads(value) if value[:1] in "0123456789-tf[{" else value
+    return label, label.split("-")[0], options, set(filters)
+
+
+def wanted(filters: set[str], lang: str, k: int) -> bool:
+    ks = {f for f in filters if f.isdigit()}
+    langs = filters - ks
+    return (not ks or str(k) in ks) and (not langs or lang in langs)
+
+
+def new_token_share(tokenizer, lines, new_ids) -> float:
+    """Share of the tokens of ``lines`` (as ``tokenizer`` encodes them) that are new ids."""
+    new = set(new_ids)
+    ids = [t for row in encode_lines(tokenizer, lines) for t in row]
+    return sum(t in new for t in ids) / max(len(ids), 1)
+
+
+def greedy(model, tokenizer, prompts, max_new_tokens: int, new_ids=None, expanded=None) -> dict:
+    """Greedy continuations (``generate_one``, as ``generation_speed`` runs them): the share of generated text
+    tokens that are new ids, and the share the expanded tokenizer gives the generated *text* when it re-encodes
+    it (what the model would emit if it spelled its own output the way the tokenizer does)."""
+    eos = tokenizer.eos_token_id
+    texts, tokens, new = [], 0, 0
+    for prompt in prompts:
+        ids = [t for t in generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY) if t != eos]
+        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+        tokens += len(ids)
+        new += sum(t in new_ids for t in ids) if new_ids else 0
+    out = {"tokens": tokens, "chars": sum(map(len, texts)), "texts": texts}
+    out["chars_per_token"] = out["chars"] / max(tokens, 1)
+    out["new_token_share"] = new / max(tokens, 1) if new_ids else None
+    if expanded is not None:
+        out["retokenized_new_share"] = new_token_share(expanded, texts, new_ids)
+    return out
+
+
+def run_one(args, label, method, options, source_tokenizer, tokenizer, plan, aux, train, heldout, prompts, cache):
+    model, _ = load_model(args.model)
+    options = method_options(method, options)
+    seconds, resources = init_and_graft(model, plan, source_tokenizer, tokenizer, method, corpus=train,
+                                        aux_tokenizer=aux, options=options, resources=cache)  # fmt: skip
+    if "distill_data" in resources:  # the next distill variant with the same snippet settings reuses the teacher
+        cache["distill_data"] = resources["distill_data"]
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    bpb = bits_per_byte(model, tokenizer, heldout, show_progress=False)
+    new_ids = set(plan.new_ids)
+    generated = greedy(model, tokenizer, prompts, args.max_new_tokens, new_ids, tokenizer)
+    stats = method_stats(resources)
+    return {
+        "init": label,
+        "method": method,
+        "options": options,
+        "init_seconds": seconds,
+        "tied": tied,
+        "bpb": bpb,
+        "greedy": generated,
+        "stats": stats,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--langs", nargs="*", default=["el", "hi"])
+    parser.add_argument("--ks", nargs="*", type=int, default=[100, 1000])
+    parser.add_argument("--inits", nargs="*", default=INITS)
+    parser.add_argument("--train-lines", type=int, default=8192)
+    parser.add_argument("--aux-vocab-size", type=int, default=16000)
+    parser.add_argument("--eval-lines", type=int, default=300)
+    parser.add_argument("--prompts", type=int, default=20, help="held-out lines after the evaluation lines")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine: 1)")
+    parser.add_argument("--out", default=str(RESULTS / "distill"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    report = new_report(args.model, args, langs={})
+    _, source_tokenizer = load_model(args.model)
+    for lang in args.langs:
+        train = read_lines(SHARED_CORPORA / lang / "train.txt", limit=args.train_lines)
+        held = read_lines(SHARED_CORPORA / lang / "heldout.txt", limit=args.eval_lines + args.prompts)
+        heldout, prompts = held[: args.eval_lines], prompts_from_lines(held[args.eval_lines :])
+        model, _ = load_model(args.model)
+        entry = report["langs"][lang] = {"train_lines": len(train), "eval_lines": len(heldout), "runs": []}
+        entry["source"] = bits_per_byte(model, source_tokenizer, heldout, show_progress=False)
+        entry["source_greedy"] = greedy(model, source_tokenizer, prompts, args.max_new_tokens)
+        del model
+        aux = train_aux_tokenizer(source_tokenizer, train, args.aux_vocab_size)
+        scripts = dominant_scripts(train)
+        print(f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte", flush=True)
+        for k in args.ks:
+            expansion = expand_tokenizer(source_tokenizer, aux, train, k, scripts=scripts)
+            tokenizer = expansion.tokenizer
+            plan = VocabPlan.from_tokenizers(source_tokenizer, tokenizer, "expand")
+            share = new_token_share(tokenizer, heldout, plan.new_ids)
+            retokenized = new_token_share(tokenizer, entry["source_greedy"]["texts"], plan.new_ids)
+            entry.setdefault("source_greedy_retokenized", {})[k] = retokenized
+            cache: dict = {}
+            for spec in args.inits:
+                label, method, options, filters = parse_init(spec)
+                if not wanted(filters, lang, k):
+                    continue
+                start = time.perf_counter()
+                run = run_one(
+                    args, label, method, options, source_tokenizer, tokenizer, plan, aux, train, heldout, prompts, cache
+                )
+                run |= {"k": k, "tokenizer_new_share": share, "wall_seconds": time.perf_counter() - start}
+                entry["runs"].append(run)
+                print(
+                    f"{lang} k={k} {label}: {run['bpb']['bits_per_byte']:.3f} bits/byte "
+                    f"({run['bpb']['bits_per_byte'] / entry['source']['bits_per_byte'] - 1:+.1%} vs source), "
+                    f"greedy new share {run['greedy']['new_token_share']:.3f} (tokenizer {share:.3f}, on its own "
+                    f"output {run['greedy']['retokenized_new_share']:.3f}), "
+                    f"init {run['init_seconds']:.0f} s",
+                    flush=True,
+                )
+                write_json(f"{args.out}.json", report)
+    write_markdown(report, f"{args.out}.md")
+
+
+def write_markdown(report: dict, path: str) -> None:
+    a = report["args"]
+    parts = [
+        f"# Distillation init vs Mean and Align: {report['model']}, right after initialization\n",
+        f"{report['machine']}, {report['date']}. {a['train_lines']} training lines, auxiliary BPE of "
+        f"{a['aux_vocab_size']} tokens, bits/byte on the first {a['eval_lines']} held-out lines, greedy generation "
+        f"({a['max_new_tokens']} tokens at most) on {a['prompts']} prompts cut from the held-out lines after them. "
+        "'greedy share': the share of new tokens in what the model generates; 'tokenizer share': the share of "
+        "the held-out text's tokens that are new under the expanded tokenizer; 'own text share': the share the "
+        "expanded tokenizer gives the model's generated text when it re-encodes it.\n",
+    ]
+    for lang, entry in report["langs"].items():
+        src = entry["source"]
+        parts.append(
+            f"\n## {lang}\n\nsource: {src['bits_per_byte']:.3f} bits/byte (uniform {src['uniform_bits_per_byte']:.3f})"
+            f", greedy {entry['source_greedy']['chars_per_token']:.2f} chars/token; the expanded tokenizers give the "
+            f"source's greedy text a new-token share of "
+            + ", ".join(f"{v:.3f} (k={k})" for k, v in entry["source_greedy_retokenized"].items())
+            + "\n"
+        )
+        rows = [
+            [
+                r["k"],
+                r["init"],
+                "untied" if not r["tied"] else "tied",
+                r["bpb"]["bits_per_byte"],
+                f"{r['bpb']['bits_per_byte'] / src['bits_per_byte'] - 1:+.1%}",
+                r["bpb"]["uniform_bits_per_byte"],
+                r["greedy"]["new_token_share"],
+                r["tokenizer_new_share"],
+                r["greedy"]["retokenized_new_share"],
+                r["greedy"]["chars_per_token"],
+                r["init_seconds"],
+            ]
+            for r in entry["runs"]
+        ]
+        parts.append(
+            markdown_table(
+                [
+                    "k",
+                    "init",
+                    "head",
+                    "bits/byte",
+                    "vs source",
+                    "uniform",
+                    "greedy share",
+                    "tokenizer share",
+                    "own text share",
+                    "chars/token",
+                    "init s",
+                ],  # fmt: skip
+                rows,
+            )
+        )
+    Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
