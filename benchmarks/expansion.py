@@ -42,14 +42,15 @@ def english_changed_share(source_tokenizer, tokenizer, english: list[str]) -> fl
     return sum(a != b for a, b in zip(before, after)) / len(english)
 
 
-def run_method(method, source_spec, source_tokenizer, tokenizer, plan, train, heldout):
+def run_method(method, source_spec, source_tokenizer, tokenizer, plan, train, heldout, aux):
     model, _ = load_model(source_spec)
     start = time.perf_counter()
     with PeakRSS() as memory:
         if method == "transformers-mean-resizing":
             mean_resizing_baseline(model, tokenizer)
         else:
-            ctx = InitContext(plan, source_tokenizer, tokenizer, corpus=train, seed=0)
+            # Align and Merge work over the auxiliary tokenizer the new tokens came from, as `vocgraft expand` does
+            ctx = InitContext(plan, source_tokenizer, tokenizer, corpus=train, seed=0, aux_tokenizer=aux)
             input_rows, head_rows = initialize(model, method, ctx)
     seconds = time.perf_counter() - start
     if method != "transformers-mean-resizing":
@@ -130,7 +131,7 @@ def main() -> None:
                 run = {
                     **common,
                     "method": method,
-                    **run_method(method, args.model, source_tokenizer, tokenizer, plan, train, heldout),
+                    **run_method(method, args.model, source_tokenizer, tokenizer, plan, train, heldout, aux),
                 }
                 entry["runs"].append(run)
                 print(

@@ -4,12 +4,12 @@ For each language: train a byte-level BPE target tokenizer (like SmolLM2's pre-t
 plan the replacement (overlap copied), and for each init method report overlap size, tokens/line and speedup vs the
 source, bits/byte on the first N held-out lines next to the uniform reference of the target tokenizer, init wall time
 (fastText / PLM training split out) and peak extra RAM. SALT needs a target-language PLM: a small GPT-2-style model is
-trained here on the same lines with the target tokenizer (time reported separately); ``salt-plain`` is SALT with the
-paper's uncentered linear map, on the same PLM and vectors as ``salt``. For the languages in
+trained here on the same lines with the target tokenizer (time reported separately); ``salt`` (paper 001's plain
+linear map) and ``salt-centered`` (our variant) run on the same PLM and fastText vectors. For the languages in
 --deepfocus-langs the same target tokenizer and lines also go through the official ``deepfocus`` (timed end to end
 against ours, parity on the same fastText vectors; see focus_speed.py).
 
-    .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5]
+    .venv/bin/python benchmarks/replacement.py [--langs el hi] [--vocab-size 50000] [--plm-minutes 5] [--plm-steps N]
 """
 
 from __future__ import annotations
@@ -28,16 +28,14 @@ from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
 from vocgraft.corpus import read_lines  # noqa: E402
 from vocgraft.eval import bits_per_byte, encode_lines, fertility, speedup  # noqa: E402
 from vocgraft.models import load_model  # noqa: E402
-from vocgraft.plan import VocabPlan  # noqa: E402
+from vocgraft.plan import VocabPlan, raw_tokens  # noqa: E402
 from vocgraft.recipes.common import init_and_graft, method_stats  # noqa: E402
 from vocgraft.recipes.replace import with_source_specials  # noqa: E402
 from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import train_tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ["random", "multivariate", "mean", "focus", "salt", "salt-plain"]
-# benchmark-only variants: (init method, extra resources)
-VARIANTS = {"salt-plain": ("salt", {"salt_center": False})}  # the paper's uncentered linear map
+METHODS = ["random", "multivariate", "mean", "focus", "salt", "salt-centered"]  # registry methods
 
 
 def main() -> None:
@@ -49,6 +47,9 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=32768)
     parser.add_argument("--eval-lines", type=int, default=500)
     parser.add_argument("--plm-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--plm-steps", type=int, help="also stop the PLM after N steps (a step budget does not depend on machine load)"
+    )
     parser.add_argument(
         "--fasttext-min-count", type=int, default=10, help="FOCUS/SALT fastText minCount (paper 002: 10)"
     )
@@ -94,25 +95,28 @@ def main() -> None:
             from vocgraft.train.plm import train_small_plm
 
             start = time.perf_counter()
-            plm = train_small_plm(target, train, steps=None, max_seconds=args.plm_minutes * 60, show_progress=False)
+            plm = train_small_plm(
+                target, train, steps=args.plm_steps, max_seconds=args.plm_minutes * 60, show_progress=False
+            )
             entry["plm_seconds"] = time.perf_counter() - start
             log = plm.vocgraft_training
             entry["plm"] = {k: log[k] for k in ("steps", "tokens_seen", "epochs", "first_loss", "last_loss")}
             resources["target_embeddings"] = plm.get_input_embeddings().weight.detach().float()
+            resources["target_plm_tokens"] = raw_tokens(target)  # what --target-plm gives: rows matched by string
         for method in args.methods:
             model, _ = load_model(args.model)
-            init, extra = VARIANTS.get(method, (method, {}))
             with PeakRSS() as memory:
                 seconds, used = init_and_graft(
-                    model, plan, source_tokenizer, target, init, corpus=train, resources={**resources, **extra}
+                    model, plan, source_tokenizer, target, method, corpus=train, resources=resources
                 )
             if "token_vectors" in used:  # fastText vectors serve FOCUS and SALT alike: train them once
                 resources["token_vectors"] = used["token_vectors"]
             bpb = bits_per_byte(model, target, heldout, show_progress=False)
             stats = method_stats(used)
             fasttext_seconds = stats.get("focus_stats", {}).get("fasttext_seconds", 0.0)
-            if stats.get("salt_stats", {}).get("token_vectors_trained_here"):
-                fasttext_seconds = stats["salt_stats"]["token_vectors_seconds"]
+            salt = _salt_stats(stats)
+            if salt.get("token_vectors_trained_here"):
+                fasttext_seconds = salt["token_vectors_seconds"]
             run = {
                 "method": method,
                 "init_seconds": seconds,
@@ -206,10 +210,15 @@ def _fallback_share(stats: dict) -> float | None:
     """Share of new tokens a method could not place by its own rule and gave a Random row."""
     if "focus_stats" in stats:
         return stats["focus_stats"]["fallback_share"]
-    if "salt_stats" in stats:
-        salt = stats["salt_stats"]
+    salt = _salt_stats(stats)
+    if salt:
         return salt["random_fallback"] / salt["new"] if salt.get("new") else None
     return None
+
+
+def _salt_stats(stats: dict) -> dict:
+    """The statistics of salt or salt-centered (same fields), or {}."""
+    return stats.get("salt_stats") or stats.get("salt_centered_stats") or {}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from tiny import (
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from vocgraft.models import tokenizer_kind
 from vocgraft.tokenization.canonical import (
     Rules,
     byte_to_unicode,
@@ -77,12 +76,6 @@ def test_family_of_each_tiny_tokenizer(bytelevel, sp, wordpiece, unigram):
     assert tokenizer_family(sp) == "sentencepiece-bpe"
     assert tokenizer_family(wordpiece) == "wordpiece"
     assert tokenizer_family(unigram) == "unigram"
-
-
-def test_family_agrees_with_the_model_loader(bytelevel, sp, wordpiece, unigram):
-    # the view reads the family from the JSON it parses anyway; it must name it as models.tokenizer_kind does
-    for tok in (bytelevel, sp, wordpiece, unigram, tiny_bytelevel_tokenizer()):
-        assert tokenizer_family(tok) == tokenizer_kind(tok)
 
 
 def test_unsupported_tokenizer_type_is_a_clear_error():

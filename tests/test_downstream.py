@@ -1,6 +1,7 @@
 """Downstream metrics and their runners: chrF, ROUGE-L, F1, NLI scoring, generation speed, MT, `vocgraft downstream`."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from vocgraft.corpus import CorpusError
 from vocgraft.eval.generation import generation_speed, prompts_from_lines
 from vocgraft.eval.metrics import chrf, lcs_length, rouge_l, token_f1, words
 from vocgraft.eval.mt import build_prompt, read_pairs, translate_and_score
-from vocgraft.eval.tasks import continuation_logprob, nli_accuracy, read_records
+from vocgraft.eval.tasks import continuation_logprob, continuation_token_logprobs, nli_accuracy, read_records
 
 
 def test_chrf_matches_sacrebleu_sentence_score_and_orders_hypotheses():
@@ -80,18 +81,92 @@ def test_continuation_logprob_equals_unbatched_scoring(tiny):
 
 
 def test_nli_accuracy_counts_the_argmax_label(tiny):
+    """On a tiny Llama: each score's argmax label as gold gives accuracy 1, its argmin 0 (first token: paper 000;
+    per byte: the summed log-likelihood over the label's UTF-8 bytes)."""
     _, model, tokenizer = tiny
     records = [{"premise": p, "hypothesis": h} for p, h in zip(lines("en", 6)[:3], lines("en", 6)[3:])]
     template = "{premise} Question: {hypothesis} True, False, or Neither? Answer:"
-    best, worst = [], []
+    words = ["True", "Neither", "False"]
+    sizes = [len((" " + w).encode()) for w in words]
+    picks = {"accuracy": ([], []), "accuracy_per_byte": ([], [])}
     for r in records:
-        scores = continuation_logprob(model, tokenizer, template.format(**r), [" True", " Neither", " False"])
-        best.append(max(range(3), key=scores.__getitem__))
-        worst.append(min(range(3), key=scores.__getitem__))
-    right = [r | {"label": g} for r, g in zip(records, best)]
-    wrong = [r | {"label": ["True", "Neither", "False"][g]} for r, g in zip(records, worst)]
-    assert nli_accuracy(model, tokenizer, right, "en")["accuracy"] == 1.0
-    assert nli_accuracy(model, tokenizer, wrong, "en")["accuracy"] == 0.0
+        lps = continuation_token_logprobs(model, tokenizer, template.format(**r), [" " + w for w in words])
+        for name, scores in (
+            ("accuracy", [x[0] for x in lps]),
+            ("accuracy_per_byte", [sum(x) / n for x, n in zip(lps, sizes)]),
+        ):
+            picks[name][0].append(max(range(3), key=scores.__getitem__))
+            picks[name][1].append(min(range(3), key=scores.__getitem__))
+    for name, (best, worst) in picks.items():
+        right = [r | {"label": g} for r, g in zip(records, best)]
+        wrong = [r | {"label": words[g]} for r, g in zip(records, worst)]
+        assert nli_accuracy(model, tokenizer, right, "en")[name] == 1.0
+        assert nli_accuracy(model, tokenizer, wrong, "en")[name] == 0.0
+
+
+class BigramLM(torch.nn.Module):
+    """A tiny LM whose next-token log-probabilities depend on the previous token only: ``table[prev]``."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids, attention_mask=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+def word_tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[UNK]")
+
+
+def bigram_case(after_answer: dict[str, float], after: dict[str, dict[str, float]]):
+    words = ["p", "h", "A", "yes", "no", "way", "idea", "maybe"]
+    tokenizer = word_tokenizer(words)
+    table = torch.full((len(words) + 1, len(words) + 1), -30.0)  # exp(-30): nothing else is likely
+    for word, prob in after_answer.items():
+        table[tokenizer.convert_tokens_to_ids("A"), tokenizer.convert_tokens_to_ids(word)] = math.log(prob)
+    for prev, nexts in after.items():
+        for word, prob in nexts.items():
+            table[tokenizer.convert_tokens_to_ids(prev), tokenizer.convert_tokens_to_ids(word)] = math.log(prob)
+    return BigramLM(table), tokenizer
+
+
+def test_nli_first_token_and_per_byte_scores_by_hand():
+    """Labels of 1 and 2 tokens: the first token prefers "yes", the per-byte log-likelihood "no way"."""
+    model, tokenizer = bigram_case({"yes": 0.45, "no": 0.35, "maybe": 0.2}, {"no": {"way": 1.0}})
+    templates = {"nli": "{premise} {hypothesis} A", "nli_labels": ["yes", "no way", "maybe"]}
+    # by hand: first tokens ln .45 > ln .35 > ln .2; per byte (" yes" 4, " no way" 7, " maybe" 6 bytes):
+    # ln(.45)/4 = -0.200, (ln(.35) + ln(1))/7 = -0.150, ln(.2)/6 = -0.268
+    assert math.log(0.35) / 7 > math.log(0.45) / 4 > math.log(0.2) / 6
+    records = [{"premise": "p", "hypothesis": "h", "label": g} for g in (0, 0, 1)]
+    result = nli_accuracy(model, tokenizer, records, "xx", templates)
+    assert result["accuracy"] == pytest.approx(2 / 3) and result["accuracy_per_byte"] == pytest.approx(1 / 3)
+    assert result["label_bytes"] == [4, 7, 6] and result["first_token_ties"] == 0
+    assert set(result["scores"]) == {"accuracy", "accuracy_per_byte"}
+    logprobs = continuation_token_logprobs(model, tokenizer, "p h A", [" yes", " no way", " maybe"])
+    assert [len(x) for x in logprobs] == [1, 2, 1]
+    assert logprobs[1] == pytest.approx([math.log(0.35), 0.0], abs=1e-5)
+
+
+def test_nli_labels_sharing_their_first_token_tie_and_the_first_label_wins():
+    """ "no way" and "no idea" start with the same token: equal first-token scores, label order decides (and the
+    tie is counted); per byte, the second token tells them apart."""
+    model, tokenizer = bigram_case({"no": 0.6, "yes": 0.4}, {"no": {"way": 0.2, "idea": 0.8}})
+    templates = {"nli": "{premise} {hypothesis} A", "nli_labels": ["no way", "no idea", "yes"]}
+    # per byte: (ln .6 + ln .2)/7 = -0.303, (ln .6 + ln .8)/8 = -0.092, ln(.4)/4 = -0.229
+    records = [{"premise": "p", "hypothesis": "h", "label": g} for g in (0, 1)]
+    result = nli_accuracy(model, tokenizer, records, "xx", templates)
+    assert result["first_token_ties"] == 2
+    assert result["accuracy"] == 0.5 and result["accuracy_per_byte"] == 0.5  # predicted: label 0 vs label 1
+    only_second = nli_accuracy(model, tokenizer, records[1:], "xx", templates)
+    assert (only_second["accuracy"], only_second["accuracy_per_byte"]) == (0.0, 1.0)
 
 
 def test_generation_speed_counts_tokens_and_new_token_share(tiny):
@@ -161,7 +236,8 @@ def test_downstream_cli_reports_model_and_baseline(tiny, tmp_path, capsys):
     args += ["--task", f"nli={nli}", "--task", f"span={span}", "--task", f"sum={summ}", "--json", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "chrF" in printed and "tokens/s" in printed and "accuracy" in printed
+    assert "chrF" in printed and "tokens/s" in printed and "accuracy_per_byte" in printed
+    assert "nli accuracy: label whose first token" in printed
     report = json.loads(out.read_text())
     assert len(report["results"]) == 2
     first = report["results"][0]

@@ -457,7 +457,7 @@ def test_mismatched_families_are_clear_errors(bytelevel_source_tokenizer, sp_sou
         expand_tokenizer(sp_source_tokenizer, bl_aux, train, 5)
     with pytest.raises(ValueError, match="Unigram but the source is SentencePiece-style BPE.*sp-bpe"):
         rank_new_tokens(sp_source_tokenizer, unigram_aux, train)
-    with pytest.raises(ValueError, match="cannot expand a WordPiece source.*replacement"):
+    with pytest.raises(ValueError, match="cannot expand a WordPiece source.*vocgraft replace"):
         expand_tokenizer(_wordpiece_tokenizer(), bl_aux, train, 5)
     with pytest.raises(TypeError, match="not a single string"):
         rank_new_tokens(bytelevel_source_tokenizer, bl_aux, "λόγος")
@@ -511,3 +511,15 @@ def test_smollm2_greek_expansion():
     protected = expand_tokenizer(source, aux, train, 100, protect=_lines("en", "train", 5000))
     assert source(english)["input_ids"] == protected.tokenizer(english)["input_ids"]
     assert len(protected.tokenizer) == len(source) + 100
+
+
+def test_merges_must_touch_a_character_of_the_target_scripts():
+    from vocgraft.tokenization.expand import _merges_in_scripts
+
+    devanagari = {"DEVANAGARI"}
+    token = "à¤ĤâĢĻ"  # "ं’" in GPT-2's byte alphabet: a vowel sign glued to a right quote
+    assert not _merges_in_scripts(token, [("âĢ", "Ļ")], "byte-level-bpe", devanagari)  # the quote alone: refused
+    assert _merges_in_scripts(token, [("à¤", "Ĥ"), ("à¤Ĥ", "âĢĻ")], "byte-level-bpe", devanagari)
+    assert not _merges_in_scripts("âĢį", [("âĢ", "į")], "byte-level-bpe", devanagari)  # a zero-width joiner alone
+    assert _merges_in_scripts("▁नम", [("▁न", "म")], "sentencepiece-bpe", devanagari)
+    assert not _merges_in_scripts("▁नम,,", [(",", ",")], "sentencepiece-bpe", devanagari)

@@ -250,6 +250,50 @@ def test_trained_vectors_are_for_the_tokens_seen_min_count_times_and_reproducibl
     assert not np.allclose(other.vectors, tv.vectors)
 
 
+def test_tokens_below_min_count_get_fasttext_subword_vectors_kept_apart(target, monkeypatch):
+    """Rare tokens get fastText's out-of-vocabulary vector (the mean of their n-gram buckets), unless none of their
+    n-grams was trained; they are kept apart from the trained vectors, which FOCUS alone reads."""
+    import vocgraft.init.token_vectors as tv_module
+
+    seen = {}
+    real = tv_module.subword_vectors
+    monkeypatch.setattr(
+        tv_module, "subword_vectors", lambda wv, words: seen.update(wv=wv, words=words) or real(wv, words)
+    )
+    text = lines("el", 300)
+    tv = train_token_vectors(target, text, seed=1, **(FAST | {"min_count": 20, "bucket": 20000}))
+    wv, words = seen["wv"], raw_tokens(target)
+    assert len(tv.subword_ids) > 50 and not set(tv.ids.tolist()) & set(tv.subword_ids.tolist())
+    for tid_, vector in zip(tv.subword_ids.tolist(), tv.subword_vectors):
+        assert words[tid_] not in wv.key_to_index
+        np.testing.assert_allclose(vector, wv.get_vector(words[tid_]), rtol=1e-5, atol=1e-6)  # fastText's OOV vector
+    from gensim.models.fasttext import ft_ngram_hashes
+
+    trained = {int(b) for buckets in wv.buckets_word for b in buckets}
+    without = [t for t in range(len(words)) if t not in set(tv.ids.tolist()) | set(tv.subword_ids.tolist())]
+    assert without  # single bytes that never occur, for instance: no trained n-gram, no vector
+    for t in without:
+        if words[t] and t not in target.all_special_ids:
+            assert not trained & set(ft_ngram_hashes(words[t], wv.min_n, wv.max_n, wv.bucket))
+    assert not set(target.all_special_ids) & set(tv.subword_ids.tolist())
+
+
+def test_focus_reads_only_the_trained_vectors(source, target, plan, matrix):
+    """Paper 002: a token below minCount gets a Random row, even where SALT's subword vector exists."""
+    new = [t for t in plan.new_ids[:12]]
+    rng = np.random.default_rng(0)
+    keys = copied_pairs(plan, 4)
+    vectors = planted({t: rng.normal(size=4).tolist() for t in keys + new[:6]})
+    with_subwords = TokenVectors(
+        vectors.ids, vectors.vectors, subword_ids=np.array(new[6:]), subword_vectors=rng.normal(size=(6, 4))
+    )
+    plain, ctx = run_focus(matrix, plan, source, target, vectors, seed=3)
+    both, ctx_both = run_focus(matrix, plan, source, target, with_subwords, seed=3)
+    assert torch.equal(plain, both)
+    assert ctx.resources["focus_stats"] == ctx_both.resources["focus_stats"]
+    assert ctx_both.resources["focus_stats"]["n_with_vector"] == 6
+
+
 def test_focus_trains_once_for_both_spaces_and_untied_heads_use_head_rows(source, target, plan, monkeypatch):
     calls = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,17 +18,18 @@ from tiny import (
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from vocgraft.init import METHODS, InitContext, Method, get_method, initialize, register
+from vocgraft.init import METHODS, InitContext, Method, MethodInputError, get_method, initialize, register
 from vocgraft.init.mean import mean_rows
-from vocgraft.init.merge import merge_rows, target_merges
+from vocgraft.init.merge import bpe_merges, merge_tree
 from vocgraft.init.multivariate import covariance_factor
+from vocgraft.init.random import normal_rows
 from vocgraft.plan import VocabPlan
 from vocgraft.tokenization.canonical import byte_to_unicode
 
-BUILTIN = ["random", "multivariate", "mean", "merge"]
+BUILTIN = ["random", "multivariate", "mean", "merge", "align"]
 PADDING = 8  # the tiny models have 8 padding rows past the tokenizer, filled with a value no method may touch
-# λ = CE BB = Î », α = CE B1 = Î ±
-MERGES = [
+# λ = CE BB = Î », α = CE B1 = Î ±, μ = CE BC = Î ¼
+MERGES = [  # the expansion's merges (ranked after the source's), each over the pieces the source leaves
     ("Î", "»"),  # λ
     ("Î", "±"),  # α
     ("Î»", "Î±"),  # λα: both children new
@@ -35,7 +37,10 @@ MERGES = [
     ("Ġthe", "Î»"),  # " theλ": a multi-byte source child keeps its own row
     ("Ġ", "Î"),  # " \xce": partial UTF-8
 ]
-NO_MERGE = "ĠÎ»Î»"  # " λλ": in the vocabulary without a merge that makes it
+NO_MERGE = "ĠÎ»Î»"  # " λλ": in the vocabulary without a merge that makes it, neither in the expansion nor aux
+MU_ALPHA = "ĠÎ¼Î±"  # " μα": the aux makes it from " μ", an aux token no merge makes
+# the auxiliary tokenizer's own merges: " λα" = " λ" + α with " λ" = " \xce" + », a tree unlike the expansion's
+AUX_MERGES = [("Ġ", "Î"), ("ĠÎ", "»"), ("Î", "±"), ("ĠÎ»", "Î±"), ("ĠÎ¼", "Î±")]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,12 @@ def source():
 
 @pytest.fixture(scope="module")
 def target(source):
-    return tokenizer_with_extra_merges(source, MERGES, extra_vocab=[NO_MERGE])
+    return tokenizer_with_extra_merges(source, MERGES, extra_vocab=[NO_MERGE, MU_ALPHA])
+
+
+@pytest.fixture(scope="module")
+def aux(source):
+    return tokenizer_with_extra_merges(tokenizer_with_extra_merges(source, extra_vocab=["ĠÎ¼"]), AUX_MERGES)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +84,12 @@ def matrix(source):
 
 def ctx_for(plan, source, target, **kw) -> InitContext:
     return InitContext(plan=plan, source_tokenizer=source, target_tokenizer=target, **kw)
+
+
+@pytest.fixture(scope="module")
+def expand_ctx(plan, source, target, aux):
+    """A context for the fixture expansion: the aux tokenizer and a corpus, as `vocgraft expand` gives them."""
+    return ctx_for(plan, source, target, aux_tokenizer=aux, corpus=lines("el", 50))
 
 
 def rows_by_token(rows: torch.Tensor, plan: VocabPlan) -> dict[str, torch.Tensor]:
@@ -221,49 +237,96 @@ def test_mean_of_a_character_the_source_cannot_spell_uses_its_unk_pieces(sp):
 # -----------------------------------------------------------------------------------------------------------
 
 
-def test_merge_rows_are_hierarchical_means_along_the_merge_tree(source, target, plan, matrix):
-    rows = rows_by_token(get_method("merge")(matrix, ctx_for(plan, source, target)), plan)
+def test_merge_walks_the_aux_merges_then_the_expansions_then_falls_back_to_random(source, plan, matrix, expand_ctx):
+    ctx = replace(expand_ctx, resources={})
+    rows = rows_by_token(get_method("merge")(matrix, ctx), plan)
 
     def e(token: str) -> torch.Tensor:
         return E(matrix, source, token)
 
-    lam, alpha = (e("Î") + e("»")) / 2, (e("Î") + e("±")) / 2
-    torch.testing.assert_close(rows["Î»"], lam)
+    # aux merges: " λα" = (" λ" + α) / 2, " λ" = (" \xce" + ») / 2: " λ" is an aux token the expansion never added
+    partial, alpha = (e("Ġ") + e("Î")) / 2, (e("Î") + e("±")) / 2
+    torch.testing.assert_close(rows["ĠÎ"], partial)
     torch.testing.assert_close(rows["Î±"], alpha)
+    torch.testing.assert_close(rows["ĠÎ»Î±"], ((partial + e("»")) / 2 + alpha) / 2)
+    # no aux merge makes λ, λα or " theλ" (intermediates of the expansion): the expansion's own merges
+    lam = (e("Î") + e("»")) / 2
+    torch.testing.assert_close(rows["Î»"], lam)
     torch.testing.assert_close(rows["Î»Î±"], (lam + alpha) / 2)
-    torch.testing.assert_close(rows["ĠÎ»Î±"], (e("Ġ") + (lam + alpha) / 2) / 2)
-    flat = (e("Ġ") + 2 * e("Î") + e("»") + e("±")) / 5
-    assert not torch.allclose(rows["ĠÎ»Î±"], flat)  # hierarchical, not the flat mean of the leaves
     torch.testing.assert_close(rows["ĠtheÎ»"], (e("Ġthe") + lam) / 2)  # Ġthe's own row, not Ġ t h e
-    torch.testing.assert_close(rows["ĠÎ"], (e("Ġ") + e("Î")) / 2)
-    # no merge makes " λλ": Mean
-    torch.testing.assert_close(rows[NO_MERGE], (e("Ġ") + 2 * e("Î") + 2 * e("»")) / 5)
+    # the expansion's tree would give (Ġ + λα) / 2, and Mean the flat mean of Ġ Î » Î ±: Merge is neither
+    assert not torch.allclose(rows["ĠÎ»Î±"], (e("Ġ") + (lam + alpha) / 2) / 2)
+    assert not torch.allclose(rows["ĠÎ»Î±"], (e("Ġ") + 2 * e("Î") + e("»") + e("±")) / 5)
+    # no merge at all, or an aux merge over " μ" which no merge makes: Random, drawn in new-id order
+    random = normal_rows(matrix[: len(source)], 2, ctx.generator())
+    torch.testing.assert_close(torch.stack([rows[NO_MERGE], rows[MU_ALPHA]]), random)
+    assert ctx.resources["merge_stats"] == {
+        "new": 8,
+        "aux_merges": 3,
+        "target_merges": 3,
+        "spelled": 0,
+        "random": 2,
+        "aux_inner_nodes": 2,  # " λ" and " μ"
+    }
 
 
-def test_merge_reads_legacy_string_merges(source, target, plan, matrix):
-    spec = json.loads(target.backend_tokenizer.to_str())
+def test_a_token_made_by_several_merges_gets_their_mean(source, matrix):
+    """SentencePiece-BPE tokenizers list every split of a piece; Algorithm 1 averages what it collects."""
+    vocab = source.get_vocab()
+    assert {"q", "z", "x"} <= set(vocab) and not {"qz", "zx", "qzx"} & set(vocab)
+    aux = tokenizer_with_extra_merges(source, [("q", "z"), ("z", "x"), ("qz", "x"), ("q", "zx")])
+    target = tokenizer_with_extra_merges(source, [("q", "z"), ("qz", "x")])
+    plan = VocabPlan.from_tokenizers(source, target, "expand")
+    assert [plan.target_tokens[t] for t in plan.new_ids] == ["qz", "qzx"]
+    rows = get_method("merge")(matrix, ctx_for(plan, source, target, aux_tokenizer=aux))
+
+    def e(token: str) -> torch.Tensor:
+        return E(matrix, source, token)
+
+    qz, zx = (e("q") + e("z")) / 2, (e("z") + e("x")) / 2
+    torch.testing.assert_close(rows[1], ((qz + e("x")) / 2 + (e("q") + zx) / 2) / 2)
+
+
+def test_merge_reads_legacy_string_merges(source, target, plan, matrix, aux):
+    spec = json.loads(aux.backend_tokenizer.to_str())
     spec["model"]["merges"] = [" ".join(m) for m in spec["model"]["merges"]]
     legacy = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|endoftext|>")
-    assert target_merges(legacy)[0][-1] == ("Ġ", "Î")
-    assert torch.equal(merge_rows(matrix, plan, source, legacy), merge_rows(matrix, plan, source, target))
+    assert bpe_merges(legacy)[0][-1] == ("ĠÎ¼", "Î±")
+    rows = [get_method("merge")(matrix, ctx_for(plan, source, target, aux_tokenizer=a)) for a in (legacy, aux)]
+    assert torch.equal(*rows)
 
 
-def test_merge_over_a_new_child_without_merges_uses_its_mean(source, sp, matrix):
-    # replace mode, SentencePiece target: "τ" is a new base character (no merge makes it), "▁τ" = merge(▁, τ)
+def test_merge_in_expand_mode_without_the_aux_tokenizer_says_so(source, target, plan, matrix):
+    for method in ("merge", "align"):
+        ctx = ctx_for(plan, source, target, corpus=lines("el", 5))
+        with pytest.raises(MethodInputError, match="needs the auxiliary tokenizer"):
+            get_method(method)(matrix, ctx)
+
+
+def test_merge_over_a_new_base_character_uses_its_source_bytes(source, sp, matrix):
+    # replace mode, SentencePiece target (its own aux): "τ" is a base character no merge makes and the byte-level
+    # source has only as bytes; it is a leaf spelled by them, and "▁τ" = merge(▁, τ) is a mean over it
     plan = VocabPlan.from_tokenizers(source, sp, "replace")
-    rows = rows_by_token(merge_rows(matrix, plan, source, sp), plan)
+    ctx = ctx_for(plan, source, sp)
+    rows = rows_by_token(get_method("merge")(matrix, ctx), plan)
     table = byte_to_unicode()
     tau = torch.stack([E(matrix, source, table[b]) for b in "τ".encode()]).mean(dim=0)
     torch.testing.assert_close(rows["τ"], tau)
     torch.testing.assert_close(rows["▁τ"], (E(matrix, source, "Ġ") + tau) / 2)  # ▁ is copied from Ġ
+    assert ctx.resources["merge_stats"]["spelled"] > 0
 
 
-def test_merge_without_merges_is_mean(source, matrix):
+def test_merge_without_merges_is_random(source, matrix):
     unigram = tiny_unigram_tokenizer()
     plan = VocabPlan.from_tokenizers(source, unigram, "replace")
+    ctx = ctx_for(plan, source, unigram, seed=4)
     with pytest.warns(UserWarning, match="no BPE merges"):
-        rows = merge_rows(matrix, plan, source, unigram)
-    assert torch.equal(rows, mean_rows(matrix, plan, source, plan.new_ids, target_tokenizer=unigram))
+        rows = get_method("merge")(matrix, ctx)
+    # single characters are still leaves spelled by the source; everything else is Random
+    tree = merge_tree(plan, source, unigram, unigram)
+    assert set(tree.via[: tree.n_new]) == {"spelled", "random"}
+    random = [n for n in range(tree.n_new) if tree.via[n] == "random"]
+    torch.testing.assert_close(rows[random], normal_rows(matrix[: len(source)], len(random), ctx.generator()))
 
 
 # --- registry and initialize
@@ -280,9 +343,9 @@ def test_registry_lists_the_methods_and_rejects_unknown_names():
 
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("method", BUILTIN)
-def test_every_method_gives_finite_deterministic_rows(source, target, plan, method, tied):
+def test_every_method_gives_finite_deterministic_rows(source, target, plan, aux, method, tied):
     model = padded_llama(len(source), tied=tied)
-    ctx = ctx_for(plan, source, target, corpus=lines("el", 50), seed=7)
+    ctx = ctx_for(plan, source, target, corpus=lines("el", 50), seed=7, aux_tokenizer=aux)
     input_rows, head_rows = initialize(model, method, ctx)
     hidden = model.config.hidden_size
     assert input_rows.shape == (len(plan.new_ids), hidden) and input_rows.dtype == torch.float32
@@ -340,7 +403,7 @@ def test_initialize_hands_each_space_its_own_matrix_and_checks_the_result(source
     with pytest.raises(ValueError, match="NaN/inf rows"):
         initialize(model, "nan", ctx_for(plan, source, target))
     monkeypatch.setitem(METHODS, "short", unregistered("short", lambda m, c: torch.ones(1, m.shape[1])))
-    with pytest.raises(ValueError, match=r"returned shape \(1, 32\), expected \(7, 32\)"):
+    with pytest.raises(ValueError, match=r"returned shape \(1, 32\), expected \(8, 32\)"):
         initialize(model, "short", ctx_for(plan, source, target))
 
 
@@ -355,11 +418,11 @@ def test_source_matrix_smaller_than_the_source_vocabulary_is_refused(source, tar
         initialize(tiny_llama(len(source) - 1, tied=True), "random", ctx_for(plan, source, target))
 
 
-def test_grafted_model_produces_and_uses_the_new_tokens(source, target, plan):
+def test_grafted_model_produces_and_uses_the_new_tokens(source, target, plan, aux):
     from vocgraft.surgery import graft
 
     model = padded_llama(len(source), tied=False)
-    input_rows, head_rows = initialize(model, "merge", ctx_for(plan, source, target))
+    input_rows, head_rows = initialize(model, "merge", ctx_for(plan, source, target, aux_tokenizer=aux))
     old = model.get_input_embeddings().weight.detach().clone()
     graft(model, plan, input_rows, head_rows, target)
     emb = model.get_input_embeddings().weight.detach()

@@ -59,10 +59,10 @@ def test_folder_without_config_is_refused(tmp_path):
 
 
 def test_tokenizer_kinds(saved_dir):
-    import vocgraft.models as m
+    from vocgraft.tokenization.spec import tokenizer_family
 
     tokenizer = vm.load_tokenizer(saved_dir)
-    assert m.tokenizer_kind(tokenizer).startswith("other (WordLevel")
+    assert tokenizer_family(tokenizer).startswith("other (WordLevel")
 
 
 @pytest.mark.slow

@@ -145,7 +145,8 @@ def test_sweep_over_lapt_sizes_plots_quality_against_size_and_runs_configured_ta
     sweep = run_sweep(validate(raw), [5], ["mean"], sizes=[16, 32])
     assert [p["train_sample"] for p in sweep["points"]] == [16, 32]
     downstream = sweep["points"][0]["adapted"]["downstream"]
-    assert 0.0 <= downstream["nli"] <= 1.0 and "chrf_en-el" in downstream
+    assert 0.0 <= downstream["nli_accuracy"] <= 1.0 and 0.0 <= downstream["nli_accuracy_per_byte"] <= 1.0
+    assert "chrf_en-el" in downstream
     write_report(sweep, tmp_path / "sized")
     assert (tmp_path / "sized" / "bpb_vs_size.png").read_bytes()[:4] == b"\x89PNG"
     assert "![bits/byte vs |D|](bpb_vs_size.png)" in (tmp_path / "sized" / "report.md").read_text()

@@ -1,10 +1,12 @@
-"""SALT (paper 001): shared tokens, sparsemax neighbours, batched least squares, fallbacks, head pass, inputs."""
+"""SALT (paper 001) and salt-centered: shared tokens, PLM rows by token string, subword vectors, sparsemax
+neighbours, batched least squares, fallbacks, head pass, inputs, expansion end to end."""
 
 from __future__ import annotations
 
 import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama, tiny_sp_tokenizer
@@ -19,7 +21,8 @@ from vocgraft.init.salt import (
     salt,
     whitespace_insensitive_overlap,
 )
-from vocgraft.plan import VocabPlan
+from vocgraft.init.salt_centered import salt_centered
+from vocgraft.plan import VocabPlan, raw_tokens
 from vocgraft.tokenization.canonical import canonical_tokens
 
 D_T, D_S = 4, 6  # PLM and source hidden sizes of the hand-built cases
@@ -28,6 +31,15 @@ D_T, D_S = 4, 6  # PLM and source hidden sizes of the hand-built cases
 def vectors(ids: list[int], rows: torch.Tensor) -> SimpleNamespace:
     """Stand-in for ``train_token_vectors``' result: planted fastText vectors for the given target ids."""
     return SimpleNamespace(ids=torch.tensor(ids), vectors=rows.to(torch.float32), seconds=0.0)
+
+
+def with_subwords(tv: SimpleNamespace, ids: list[int]) -> SimpleNamespace:
+    """The same vectors, but those of ``ids`` given as subword (below-minCount) vectors."""
+    keep = [i for i, t in enumerate(tv.ids.tolist()) if t not in ids]
+    moved = [i for i, t in enumerate(tv.ids.tolist()) if t in ids]
+    out = vectors(tv.ids[keep].tolist(), tv.vectors[keep])
+    out.subword_ids, out.subword_vectors = tv.ids[moved], tv.vectors[moved]
+    return out
 
 
 def onehot(i: int, n: int) -> torch.Tensor:
@@ -74,8 +86,8 @@ class Case:
         )
 
     def ctx(self, **kw) -> InitContext:
-        # the paper's plain linear map: these cases are built to be recovered by it exactly
-        resources = {"target_embeddings": self.e_t, "token_vectors": self.aux, "salt_center": False}
+        # salt (the paper's plain linear map) recovers these cases exactly
+        resources = {"target_embeddings": self.e_t, "token_vectors": self.aux}
         resources |= kw.pop("resources", {})
         return InitContext(plan=self.plan, source_tokenizer=None, target_tokenizer=None, resources=resources, **kw)
 
@@ -110,17 +122,37 @@ def test_the_neighbours_are_the_sparsemax_support_of_the_auxiliary_similarities(
 
 
 def test_centered_salt_moves_with_the_source_mean_and_ignores_the_target_mean():
-    """The default (centered) fit is affine: shifting every source row by v shifts every new row by v, and
-    shifting the target PLM's rows changes nothing. The plain linear map has neither property."""
+    """salt-centered's fit is affine: shifting every source row by v shifts every new row by v, and shifting the
+    target PLM's rows changes nothing. salt (the paper's plain linear map) has neither property."""
     case = Case()
     shift = torch.randn(case.e_s.shape[1], generator=torch.Generator().manual_seed(5))
-    base = salt(case.e_s, case.ctx(resources={"salt_center": True}))
-    moved = salt(case.e_s + shift, case.ctx(resources={"salt_center": True}))
+    ctx = case.ctx()
+    base = salt_centered(case.e_s, ctx)
+    assert ctx.resources["salt_centered_stats"]["centered"] and "salt_stats" not in ctx.resources
+    moved = salt_centered(case.e_s + shift, case.ctx())
     torch.testing.assert_close(moved, base + shift, atol=1e-4, rtol=1e-4)
-    target_shifted = case.ctx(resources={"salt_center": True, "target_embeddings": case.e_t + 3.0})
-    torch.testing.assert_close(salt(case.e_s, target_shifted), base, atol=1e-4, rtol=1e-4)
+    target_shifted = case.ctx(resources={"target_embeddings": case.e_t + 3.0})
+    torch.testing.assert_close(salt_centered(case.e_s, target_shifted), base, atol=1e-4, rtol=1e-4)
     plain = salt(case.e_s + shift, case.ctx())
     assert not torch.allclose(plain, salt(case.e_s, case.ctx()) + shift, atol=1e-3)
+    # the two methods differ, and one resources dict serves both without mixing their coefficients
+    shared = case.ctx()
+    first, second = salt(case.e_s, shared), salt_centered(case.e_s, shared)
+    torch.testing.assert_close(first, case.expected(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(second, base, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(first, second, atol=1e-2)
+    assert not shared.resources["salt_stats"]["centered"] and shared.resources["salt_centered_stats"]["centered"]
+
+
+def test_centered_salt_keeps_the_source_mean_where_the_plain_map_loses_it():
+    """A source space with a large common mean row (as real embeddings have): the plain map's coefficients do not
+    sum to 1, so its rows lose part of the mean; the centered fit keeps it, on the same neighbours."""
+    case = Case(group_sizes=(3, 3), new_per_group=2)
+    mean_row = 10.0 * torch.ones(case.e_s.shape[1])
+    e_s = case.e_s + mean_row
+    plain, centered = salt(e_s, case.ctx()), salt_centered(e_s, case.ctx())
+    distance = {name: (rows.mean(dim=0) - e_s.mean(dim=0)).norm() for name, rows in (("plain", plain), ("c", centered))}
+    assert distance["c"] < 0.5 * distance["plain"]
 
 
 def test_one_neighbour_gives_its_source_row_and_a_degenerate_fit_the_weighted_mean():
@@ -154,6 +186,25 @@ def test_tokens_without_a_vector_get_random_rows_seeded():
     assert ctx.resources["salt_stats"]["random_fallback"] == 1
     with pytest.warns(UserWarning):
         assert not torch.equal(salt(case.e_s, case.ctx(seed=6))[0], rows[0])
+
+
+def test_tokens_below_min_count_take_part_through_their_subword_vectors():
+    """Paper 001 Step 1: a token without a trained fastText vector uses the one its n-grams give, as a query and
+    as an anchor; only a token without either gets Random (FOCUS, by contrast, reads the trained vectors only)."""
+    case = Case()
+    case.aux = with_subwords(case.aux, [12, 0])  # new token 0 and one shared token of group 0
+    ctx = case.ctx()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = salt(case.e_s, ctx)
+    torch.testing.assert_close(rows, case.expected(), atol=1e-5, rtol=1e-5)
+    stats = ctx.resources["salt_stats"]
+    assert (stats["queries_with_subword_vector"], stats["anchors_with_subword_vector"], stats["anchors"]) == (1, 1, 12)
+    assert stats["random_fallback"] == 0
+    focus_ctx = case.ctx(seed=2)
+    with pytest.warns(UserWarning, match="1 of 6 new tokens get Random rows"):
+        focus_rows = get_method("focus")(case.e_s, focus_ctx)
+    torch.testing.assert_close(focus_rows[0], random_rows(case.e_s, case.ctx(seed=2))[0])
 
 
 def test_an_all_zero_vector_counts_as_no_vector():
@@ -243,7 +294,7 @@ def test_untied_head_rows_come_from_the_head_matrix(monkeypatch):
         model.get_output_embeddings().weight.copy_(head)
     calls = []
     real = salt_module.salt_coefficients
-    monkeypatch.setattr(salt_module, "salt_coefficients", lambda ctx: calls.append(ctx.space) or real(ctx))
+    monkeypatch.setattr(salt_module, "salt_coefficients", lambda ctx, **kw: calls.append(ctx.space) or real(ctx, **kw))
     ctx = case.ctx()
     input_rows, head_rows = initialize(model, "salt", ctx)
     torch.testing.assert_close(input_rows, case.expected(), atol=1e-4, rtol=1e-4)
@@ -307,15 +358,52 @@ def test_missing_target_embeddings_name_the_option():
         salt(case.e_s, ctx)
 
 
-def test_target_embeddings_must_cover_the_target_vocabulary():
+def test_bare_target_embeddings_must_cover_the_new_ids():
     case = Case()
-    with pytest.raises(SaltInputError, match="target tokenizer"):
+    with pytest.raises(SaltInputError, match="must use the target tokenizer"):
         salt(case.e_s, case.ctx(resources={"target_embeddings": case.e_t[:14]}))
-    with pytest.raises(SaltInputError, match="--target-plm tokenizer has 40 tokens"):
-        salt(case.e_s, case.ctx(resources={"target_plm_tokenizer_size": 40}))
+    with pytest.raises(SaltInputError, match="must use the target tokenizer"):
+        salt(case.e_s, case.ctx(resources={"target_plm_tokenizer_size": 14}))
+
+
+def test_plm_rows_are_matched_to_target_tokens_by_string():
+    """A PLM whose ids differ from the target's (expansion: a PLM trained with the auxiliary tokenizer): rows go
+    to the target tokens with the same raw string, whatever their order."""
+    case = Case()
+    n_target = len(case.plan.target_tokens)
+    order = torch.randperm(n_target, generator=torch.Generator().manual_seed(3))  # PLM row r = target id order[r]
+    plm_tokens = [case.plan.target_tokens[t] for t in order.tolist()] + ["only-in-the-plm"]
+    plm_rows = torch.cat([case.e_t[order], torch.randn(1, D_T)])
+    resources = {"target_embeddings": plm_rows, "target_plm_tokens": plm_tokens}
+    torch.testing.assert_close(salt(case.e_s, case.ctx(resources=resources)), case.expected(), atol=1e-5, rtol=1e-5)
+    ids_only = case.ctx(resources={"target_embeddings": plm_rows})  # read by id instead: a different, wrong map
+    assert not torch.allclose(salt(case.e_s, ids_only), case.expected(), atol=1e-2)
+
+
+def test_tokens_without_a_plm_row_are_neither_anchors_nor_queries():
+    case = Case()
     tokens = list(case.plan.target_tokens)
-    tokens[3] = "other"
-    with pytest.raises(SaltInputError, match="differs from the target tokenizer"):
+    tokens[0] = "not-this"  # a shared token of group 0 the PLM lacks: not an anchor (group 0 keeps 4 of 5)
+    tokens[13] = "nor-this"  # new token 1 (group 0): Random
+    ctx = case.ctx(seed=4, resources={"target_plm_tokens": tokens})
+    with pytest.warns(UserWarning, match=r"1 of 6 new tokens get Random rows .*1 not in the target PLM"):
+        rows = salt(case.e_s, ctx)
+    stats = ctx.resources["salt_stats"]
+    assert (stats["no_plm_row"], stats["random_fallback"], stats["anchors"], stats["shared_with_plm_row"]) == (
+        1,
+        1,
+        11,
+        11,
+    )
+    torch.testing.assert_close(rows[1], random_rows(case.e_s, case.ctx(seed=4))[1])
+    keep = [0, 2, 3, 4, 5]
+    torch.testing.assert_close(rows[[0, *keep]], case.expected()[[0, *keep]], atol=1e-5, rtol=1e-5)
+
+
+def test_a_plm_without_any_new_token_is_refused():
+    case = Case()
+    tokens = [t if t.startswith("src") else "x" + t for t in case.plan.target_tokens]  # e.g. the source's tokenizer
+    with pytest.raises(SaltInputError, match="none of the 6 new tokens .* auxiliary tokenizer in expand"):
         salt(case.e_s, case.ctx(resources={"target_plm_tokens": tokens}))
 
 
@@ -328,6 +416,8 @@ def test_missing_vectors_and_corpus_is_an_error():
 
 def test_registered():
     assert "salt" in METHODS and get_method("salt").fn is salt
+    assert get_method("salt-centered").fn is salt_centered
+    assert get_method("salt-centered").needs == get_method("salt").needs == {"corpus", "target_plm"}
 
 
 def test_no_warnings_on_a_normal_run():
@@ -357,8 +447,9 @@ def test_end_to_end_with_a_trained_plm_and_fasttext():
     plm = train_small_plm(target, greek, layers=1, hidden=16, heads=2, seq_len=32, steps=5, show_progress=False)
     e_t = plm.get_input_embeddings().weight.detach()
     model = tiny_llama(len(source), tied=False, hidden=32)
-    resources = {"target_embeddings": e_t, "target_plm_tokenizer_size": len(target), "fasttext": FAST}
-    resources["salt_center"] = False  # checked against the paper's formula below
+    # minCount 60: a third of the new tokens fall below it and take their n-gram vectors
+    fasttext = FAST | {"min_count": 60, "bucket": 20000}
+    resources = {"target_embeddings": e_t, "target_plm_tokenizer_size": len(target), "fasttext": fasttext}
     ctx = InitContext(plan, source, target, corpus=greek, seed=0, resources=resources)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # some tokens have no fastText vector: Random, with a warning
@@ -373,19 +464,24 @@ def test_end_to_end_with_a_trained_plm_and_fasttext():
     )
     assert sum(stats[p] for p in parts) == stats["new"] == len(plan.new_ids)
     assert stats["least_squares"] > 20 and stats["token_vectors_trained_here"]
+    # tokens below minCount take part through their n-gram vectors (paper 001 Step 1), as queries and anchors
+    assert stats["queries_with_subword_vector"] > 20 and stats["anchors_with_subword_vector"] > 0
 
     # a per-token reference for the least-squares tokens, from the definitions, on the real data
     tv = ctx.resources["token_vectors"]
-    row_of = {int(t): r for r, t in enumerate(tv.ids)}
+    all_ids = np.concatenate([tv.ids, tv.subword_ids])
+    row_of = {int(t): r for r, t in enumerate(all_ids)}
     shared = {**plan.copied, **whitespace_insensitive_overlap(plan, source, target)}
-    anchors = [t for t in sorted(shared) if t in row_of and tv.vectors[row_of[t]].any()]
-    queries = [t for t in plan.new_ids if t not in shared and t in row_of][:40]
-    table = torch.as_tensor(tv.vectors)
+    table = torch.as_tensor(np.concatenate([tv.vectors, tv.subword_vectors]))
+    anchors = [t for t in sorted(shared) if t in row_of and table[row_of[t]].any()]
+    candidates = [t for t in plan.new_ids if t not in shared and t in row_of]
+    rare = set(tv.subword_ids.tolist())
+    queries = [t for t in candidates if t not in rare][:30] + [t for t in candidates if t in rare][:20]
     weights = sparsemax_cosine_weights(
         table[[row_of[t] for t in queries]], table[[row_of[t] for t in anchors]]
     ).to_dense()
     emb = model.get_input_embeddings().weight.detach().double()
-    checked = 0
+    checked = checked_rare = 0
     for q, w in zip(queries, weights):
         neighbours = [anchors[j] for j in w.nonzero().flatten().tolist()]
         if len(neighbours) < 2:
@@ -394,4 +490,62 @@ def test_end_to_end_with_a_trained_plm_and_fasttext():
         expected = e_t[q].double() @ torch.linalg.pinv(a) @ emb[[shared[t] for t in neighbours]]
         torch.testing.assert_close(input_rows[plan.new_ids.index(q)].double(), expected, atol=1e-4, rtol=1e-4)
         checked += 1
-    assert checked >= 10
+        checked_rare += q in rare
+    assert checked >= 10 and checked_rare >= 3
+
+
+@pytest.mark.parametrize("family", ["bytelevel", "sentencepiece"])
+def test_expansion_takes_plm_rows_by_string_from_a_plm_on_the_aux_tokenizer(
+    family, bytelevel_source_tokenizer, sp_source_tokenizer
+):
+    """Expansion on both BPE families: the PLM uses the auxiliary tokenizer (other ids); its rows reach the new
+    tokens and the source tokens it shares by string, and each least-squares row is the paper's formula."""
+    from vocgraft.recipes.expand import expand_loaded
+    from vocgraft.tokenization import train_tokenizer
+    from vocgraft.train.plm import train_small_plm
+
+    greek = lines("el", 300)
+    source = bytelevel_source_tokenizer if family == "bytelevel" else sp_source_tokenizer
+    kind = "bytelevel-bpe" if family == "bytelevel" else "sp-bpe"
+    aux = train_tokenizer(greek, kind, 700, like=source if family == "bytelevel" else None)
+    plm = train_small_plm(aux, greek, layers=1, hidden=16, heads=2, seq_len=32, steps=3, show_progress=False)
+    e_t = plm.get_input_embeddings().weight.detach()
+    aux_tokens = raw_tokens(aux)
+    resources = {"target_embeddings": e_t, "target_plm_tokens": aux_tokens, "fasttext": FAST}
+    model = tiny_llama(len(source), tied=True)
+    source_rows_before = model.get_input_embeddings().weight.detach().clone().double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = expand_loaded(model, source, greek, 30, "salt", aux_tokenizer=aux, resources=resources)
+    plan, stats = result.plan, result.stats["salt_stats"]
+    target_tokens = plan.target_tokens
+    plm_row = {token: i for i, token in enumerate(aux_tokens) if token}
+    assert sum(plm_row.get(target_tokens[t]) != t for t in plan.new_ids) == len(plan.new_ids)  # ids differ
+    assert stats["shared_with_plm_row"] >= sum(token in plm_row for token in plan.source_tokens) > 20
+    assert stats["least_squares"] > 5 and stats["anchors"] > 5
+    # by hand, from the definitions: anchors = shared tokens with a PLM row (found by string) and a vector;
+    # neighbours = sparsemax support; row = E_t[i] pinv(E_t[N]) E_s[N]
+    from vocgraft.init.focus import token_vectors
+    from vocgraft.init.sparsemax import sparsemax_cosine_weights
+
+    ctx = InitContext(plan, source, result.tokenizer, corpus=greek, resources=dict(resources), aux_tokenizer=aux)
+    tv = token_vectors(ctx)  # the same fastText (seeded, one thread) the method trained
+    table = torch.as_tensor(np.concatenate([tv.vectors, tv.subword_vectors]))
+    row_of = {int(t): r for r, t in enumerate(np.concatenate([tv.ids, tv.subword_ids]))}
+    shared = {**plan.copied, **whitespace_insensitive_overlap(plan, source, result.tokenizer)}
+    anchors = [t for t in sorted(shared) if t in row_of and target_tokens[t] in plm_row and table[row_of[t]].any()]
+    assert len(anchors) == stats["anchors"]
+    queries = [t for t in plan.new_ids if t not in shared and t in row_of and target_tokens[t] in plm_row]
+    weights = sparsemax_cosine_weights(table[[row_of[t] for t in queries]], table[[row_of[t] for t in anchors]])
+    rows = model.get_input_embeddings().weight.detach().double()
+    checked = 0
+    for q, w in zip(queries, weights.to_dense()):
+        neighbours = [anchors[j] for j in w.nonzero().flatten().tolist()]
+        if len(neighbours) < 2:
+            continue
+        a = e_t[[plm_row[target_tokens[t]] for t in neighbours]].double()
+        e_q = e_t[plm_row[target_tokens[q]]].double()
+        expected = e_q @ torch.linalg.pinv(a) @ source_rows_before[[shared[t] for t in neighbours]].double()
+        torch.testing.assert_close(rows[q], expected, atol=1e-4, rtol=1e-4)
+        checked += 1
+    assert checked >= 5

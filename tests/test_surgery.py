@@ -441,7 +441,7 @@ def test_failed_save_leaves_no_directory_behind(tmp_path, monkeypatch):
 
 def test_save_refuses_a_tokenizer_longer_than_the_matrix(tmp_path):
     model = tiny_llama(len(SOURCE), tied=True)
-    with pytest.raises(SurgeryError, match="tokenizer has 25 tokens but the model has only 20 embedding"):
+    with pytest.raises(SurgeryError, match="can produce ids up to 24 but the model has only 20 embedding"):
         save_model_dir(model, word_tokenizer(SOURCE + NEW), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -11,7 +11,7 @@ from vocgraft.corpus import SHARED_CORPORA as CORPORA
 from vocgraft.corpus import read_lines
 from vocgraft.outdir import MANIFEST, OutputExistsError
 from vocgraft.tokenization import TOKENIZER_KINDS, save_tokenizer, sentencepiece_model_bytes, train_tokenizer
-from vocgraft.tokenization.train import SENTENCEPIECE_FILE
+from vocgraft.tokenization.train import SENTENCEPIECE_FILE, sentencepiece_roles
 
 VOCAB = {"bytelevel-bpe": 800, "sp-bpe": 800, "sp-unigram": 800}
 # lines a tokenizer must survive beyond corpus text: repeated/leading spaces, tabs, newlines, unseen scripts
@@ -216,3 +216,56 @@ def test_sp_source_fixture_is_llama2_like(sp_source_tokenizer):
     assert tok.convert_ids_to_tokens([0, 1, 2, 3, 258]) == ["<unk>", "<s>", "</s>", "<0x00>", "<0xFF>"]
     assert tok.tokenize("λ") == ["▁", "<0xCE>", "<0xBB>"]  # English-only: Greek falls back to bytes
     assert tok.decode(tok.encode("The λόγος"), skip_special_tokens=True) == "The λόγος"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# SentencePiece targets in a real source's conventions (../shared/tokenizers)
+
+
+def real(family: str):
+    from families import SHARED_TOKENIZERS
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / family)
+
+
+def test_sentencepiece_roles_share_a_piece_where_the_source_does():
+    # Phi-3: pad is eos; SentencePiece wants one piece per role, so pad names eos's piece (was: "already defined")
+    assert sentencepiece_roles(real("phi3")) == (
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "<|endoftext|>"},
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    )
+    llama2 = real("llama2")
+    llama2.pad_token = llama2.unk_token  # a fine-tune's pad = unk
+    assert sentencepiece_roles(llama2)[0] == {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+    assert sentencepiece_roles(llama2)[1]["pad_token"] == "<unk>"
+    pieces, names = sentencepiece_roles(real("qwen25"))  # no bos and no unk: unk is made up, bos stays absent
+    assert "bos_token" not in names and pieces["unk_token"] == "<unk>" and pieces["eos_token"] == "<|im_end|>"
+
+
+@pytest.mark.parametrize("pad", ["unk_token", "eos_token"])
+def test_sentencepiece_trains_like_a_source_whose_pad_is_another_role(greek_lines, greek_heldout, pad):
+    like = real("llama2")
+    like.pad_token = getattr(like, pad)
+    tok = train_tokenizer(greek_lines, "sp-bpe", 800, like=like)
+    assert tok.pad_token == getattr(like, pad) and tok.pad_token_id == getattr(tok, f"{pad}_id")
+    assert [tok.decode(tok(line, add_special_tokens=False).input_ids) for line in greek_heldout] == greek_heldout
+
+
+@pytest.mark.parametrize("family", ["llama2", "phi3", "gemma4"])
+@pytest.mark.parametrize("kind", ["sp-bpe", "sp-unigram"])
+def test_sentencepiece_like_a_real_source_keeps_its_roles_bos_and_dummy_prefix(family, kind, greek_lines):
+    like = real(family)
+    tok = train_tokenizer(greek_lines, kind, 800, like=like)
+    for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        assert getattr(tok, role) == getattr(like, role)
+    for text in ("λόγος και", "a b", " x"):
+        ours, theirs = tok(text).input_ids, like(text).input_ids
+        assert (ours[0] == tok.bos_token_id) == (theirs[0] == like.bos_token_id)  # BOS added exactly when it was
+        first = next(t for t in tok.convert_ids_to_tokens(ours) if t not in tok.all_special_tokens)
+        their_first = next(t for t in like.convert_ids_to_tokens(theirs) if t not in like.all_special_tokens)
+        assert first.startswith("▁") == their_first.startswith("▁")  # a dummy prefix exactly when it had one
+        decoded = like.decode(like(text, add_special_tokens=False).input_ids)  # Llama-2 drops a leading space
+        assert tok.decode(tok(text, add_special_tokens=False).input_ids) == decoded
+    for token in like.all_special_tokens:  # special and added tokens come along, and stay single tokens
+        assert tok.convert_ids_to_tokens(tok(token, add_special_tokens=False).input_ids) == [token]

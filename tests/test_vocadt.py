@@ -29,6 +29,7 @@ from vocgraft.train.vocadt import (
     initial_supports,
     merged_weights,
     nearest_rows,
+    shared_vocabulary,
 )
 
 
@@ -126,8 +127,9 @@ def test_nearest_rows_match_a_brute_force_search_and_skip_excluded_ids():
 
 
 @pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("form", ["separate", "shared"])
 @pytest.mark.parametrize("candidates", [6, None])
-def test_merged_model_equals_adapter_times_old_matrix(tied, candidates):
+def test_merged_model_equals_adapter_times_old_matrix(tied, form, candidates):
     source = tiny_bytelevel_tokenizer()
     target = tiny_bytelevel_tokenizer(600, text=lines("el", 200) + lines("en", 100))
     plan = VocabPlan.from_tokenizers(source, target, "replace")
@@ -135,52 +137,156 @@ def test_merged_model_equals_adapter_times_old_matrix(tied, candidates):
     old_in = model.get_input_embeddings().weight.detach().clone()
     old_head = model.get_output_embeddings().weight.detach().clone()
     start_in = adapter_start(old_in, plan, source, target, candidates=candidates)
-    start_head = None if tied else adapter_start(old_head, plan, source, target, candidates=candidates)
+    if form == "shared":
+        start_head = None
+    else:  # a tied head's space is the input matrix: the recipe passes the same start
+        start_head = start_in if tied else adapter_start(old_head, plan, source, target, candidates=candidates)
     adapters = attach_adapters(model, start_in, start_head)
-    assert len(adapters) == (1 if tied else 2)
-    with torch.no_grad():  # stand-in for training: move every weight
+    assert len(adapters) == (2 if form == "separate" else 1)
+    with torch.no_grad():  # stand-in for training: move every weight, each adapter differently
         for adapter in adapters:
             adapter.adapter.add_(torch.rand_like(adapter.adapter) * 0.1)
     ids = torch.tensor([target("Η γλώσσα").input_ids])
     logits = model(ids).logits
     assert logits.shape[-1] == len(target)
-    dense_in = dense_matrix(adapters[0].index, adapters[0].adapter, old_in.shape[0]) @ old_in
-    dense_head = dense_matrix(adapters[-1].index, adapters[-1].adapter, old_head.shape[0]) @ old_head
+    a_in = dense_matrix(adapters[0].index, adapters[0].adapter, old_in.shape[0])
+    a_out = dense_matrix(adapters[-1].index, adapters[-1].adapter, old_head.shape[0])
     new_in, new_head = merged_weights(model)
-    assert torch.allclose(new_in, dense_in, atol=1e-5)
-    assert (new_head is None) == tied
-    if not tied:
-        assert torch.allclose(new_head, dense_head, atol=1e-5)
+    assert torch.allclose(new_in, a_in @ old_in, atol=1e-5)
+    stays_tied = tied and form == "shared"
+    assert (new_head is None) == stays_tied
+    if not stays_tied:  # A_out E_old (tied source) or A_out H_old / A H_old (untied source)
+        assert torch.allclose(new_head, a_out @ old_head, atol=1e-5)
+        assert not torch.allclose(new_head, new_in, atol=1e-3)
     assert torch.equal(model.get_input_embeddings().weight, old_in)  # the old matrix is back, untouched
+    assert torch.equal(model.get_output_embeddings().weight, old_head)
     everything_new = VocabPlan(**{**plan.__dict__, "copied": {}, "match_kind": {}})
     graft(model, everything_new, new_in, new_head, target)
-    assert torch.allclose(model.get_input_embeddings().weight, dense_in, atol=1e-5)
+    assert torch.allclose(model.get_input_embeddings().weight, a_in @ old_in, atol=1e-5)
     head = model.get_output_embeddings().weight
-    assert (head is model.get_input_embeddings().weight) == tied
+    assert (head is model.get_input_embeddings().weight) == stays_tied
+    assert model.config.tie_word_embeddings == stays_tied
     assert torch.allclose(model(ids).logits, logits, atol=1e-4)  # same function, plain matrices
 
 
-def test_aux_loss_is_zero_at_start_and_measures_only_overlap_drift():
+def hand_made_plan(source, target) -> VocabPlan:
+    """The tokenizers' plan with three copied ids relabelled as a role match and two fuzzy matches: pairs of
+    different tokens, as the plan records them for ``</s>`` -> ``<|im_end|>`` or ``▁1`` -> ``1``."""
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    relabelled = dict(zip(sorted(plan.copied_by("exact"))[:3], ["special-role", "fuzzy-bow", "fuzzy-case"]))
+    return VocabPlan(**{**plan.__dict__, "match_kind": {**plan.match_kind, **relabelled}})
+
+
+def test_aux_loss_is_zero_at_start_and_measures_only_the_shared_vocabularys_drift():
     source = tiny_bytelevel_tokenizer()
     target = tiny_bytelevel_tokenizer(600, text=lines("el", 200) + lines("en", 100))
-    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    plan = hand_made_plan(source, target)
+    not_shared = sorted(t for t, kind in plan.match_kind.items() if kind.startswith(("special-role", "fuzzy")))
+    shared = sorted(t for t, kind in plan.match_kind.items() if kind in ("exact", "special"))
+    assert {"special-role", "fuzzy-bow", "fuzzy-case"} <= {plan.match_kind[t] for t in not_shared}
+    assert len(shared) > 10 and len(shared) + len(not_shared) == len(plan.copied)
+    assert shared_vocabulary(plan) == shared
     model = tiny_llama(len(source), tied=True)
     start = adapter_start(model.get_input_embeddings().weight, plan, source, target, candidates=4)
+    assert start.overlap_rows.tolist() == shared
+    for new_id in not_shared:  # role and fuzzy matches still start one-hot on their match
+        assert start.weight[new_id][start.index[new_id] == plan.copied[new_id]].sum() == 1.0
+        assert start.weight[new_id].sum() == 1.0
     (adapter,) = attach_adapters(model, start, None)
     loss = aux_loss([adapter], 0.1)
     assert float(loss().detach()) == 0.0
     value = loss()
     value.backward()
     assert torch.isfinite(adapter.adapter.grad).all()  # the norm's gradient at 0 must not be NaN
-    new_only = torch.tensor(plan.new_ids)
-    with torch.no_grad():
-        adapter.adapter[new_only] += 1.0
+    with torch.no_grad():  # new rows, and the rows of role and fuzzy matches, may move freely
+        adapter.adapter[torch.tensor(plan.new_ids)] += 1.0
+        adapter.adapter[torch.tensor(not_shared)] += 1.0
     assert float(loss().detach()) == 0.0
-    overlap = start.overlap_rows
     with torch.no_grad():
-        adapter.adapter[overlap] += torch.tensor([3.0, 4.0] + [0.0] * (adapter.adapter.shape[1] - 2))
-    assert float(loss().detach()) == pytest.approx(0.1 * 5.0)  # each overlap row moved by a vector of norm 5
+        adapter.adapter[shared] += torch.tensor([3.0, 4.0] + [0.0] * (adapter.adapter.shape[1] - 2))
+    assert float(loss().detach()) == pytest.approx(0.1 * 5.0)  # each shared row moved by a vector of norm 5
     assert aux_loss([adapter], 0.0) is None
+
+
+def test_a_real_plans_role_match_is_outside_the_shared_vocabulary():
+    """Byte-level source (``<|endoftext|>``) -> SentencePiece target (``</s>``): eos pairs by role, not by token."""
+    source = tiny_bytelevel_tokenizer()
+    target = tiny_sp_tokenizer(500)
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    roles = plan.copied_by("special-role")
+    assert target.eos_token_id in roles
+    assert target.eos_token_id not in shared_vocabulary(plan)
+    assert set(shared_vocabulary(plan)) == set(plan.copied_by("exact", "special"))
+
+
+def test_shared_vocabulary_needs_the_plans_match_kinds():
+    source = tiny_bytelevel_tokenizer()
+    target = tiny_bytelevel_tokenizer(600, text=lines("el", 200) + lines("en", 100))
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    unrecorded = VocabPlan(**{**plan.__dict__, "match_kind": {}})
+    with pytest.raises(TrainingError, match="no match kind"):
+        shared_vocabulary(unrecorded)
+
+
+@pytest.mark.parametrize("form", ["separate", "shared"])
+def test_only_adapters_train_and_every_original_weight_stays_bit_identical(form):
+    from vocgraft.train.objectives import LMObjective
+    from vocgraft.train.strategies import configure
+
+    source = tiny_bytelevel_tokenizer()
+    target = tiny_bytelevel_tokenizer(600, text=lines("el", 200) + lines("en", 100))
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    model = tiny_llama(len(source), tied=True)
+    before = {name: p.detach().clone() for name, p in model.state_dict().items()}  # lm_head.weight too
+    start = adapter_start(model.get_input_embeddings().weight, plan, source, target, candidates=6)
+    adapters = attach_adapters(model, start, start if form == "separate" else None)
+    model = configure(model, "vocadt")
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == len(adapters) and all(name.endswith("adapter_weights") for name in trainable)
+    objective = LMObjective(model, "clm", aux_loss(adapters, 0.1))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05, weight_decay=0.01)
+    batch = torch.tensor([target(" ".join(lines("el", 20)[i * 4 : i * 4 + 4])).input_ids[:24] for i in range(2)])
+    for _ in range(3):
+        loss, _ = objective(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(not torch.equal(a.adapter, start.weight) for a in adapters)  # the adapters trained
+    if form == "separate":
+        assert not torch.equal(adapters[0].adapter, adapters[1].adapter)  # and apart: input and output differ
+    original = model.get_input_embeddings().parametrizations.weight.original
+    assert original is model.get_output_embeddings().parametrizations.weight.original  # one E_old, read twice
+    after = {name: p for name, p in model.named_parameters() if not name.endswith("adapter_weights")}
+    after = {name.replace(".parametrizations.weight.original", ".weight"): p for name, p in after.items()}
+    assert after.keys() <= before.keys() and "model.embed_tokens.weight" in after
+    assert all(torch.equal(p, before[name]) for name, p in after.items())
+    new_in, new_head = merged_weights(model)
+    after = model.state_dict()  # merged and unparametrized: the source model's weights as they were
+    assert after.keys() == before.keys() and all(torch.equal(p, before[name]) for name, p in after.items())
+    assert (new_head is None) == (form == "shared")
+
+
+def test_a_shared_adapter_on_a_tied_model_is_computed_once_per_forward_with_the_same_gradient(monkeypatch):
+    source = tiny_bytelevel_tokenizer()
+    target = tiny_bytelevel_tokenizer(600, text=lines("el", 200) + lines("en", 100))
+    plan = VocabPlan.from_tokenizers(source, target, "replace")
+    model = tiny_llama(len(source), tied=True)
+    start = adapter_start(model.get_input_embeddings().weight, plan, source, target, candidates=6)
+    (adapter,) = attach_adapters(model, start, None)
+    ids = torch.tensor([target("Η γλώσσα της Ελλάδας").input_ids])
+    calls = []
+    bag = F.embedding_bag
+    monkeypatch.setattr(F, "embedding_bag", lambda *a, **k: calls.append(1) or bag(*a, **k))
+    model(ids).logits.float().logsumexp(-1).sum().backward()
+    assert len(calls) == 1
+    once = adapter.adapter.grad.clone()
+    adapter.adapter.grad = None
+    for hook in adapter.scope_hooks:  # without the scope: computed per side, the gradient must not change
+        hook.remove()
+    model(ids).logits.float().logsumexp(-1).sum().backward()
+    assert len(calls) == 3
+    assert torch.allclose(adapter.adapter.grad, once, atol=1e-6) and once.abs().sum() > 0
+    assert adapter._last is None  # the scope let go of its tensors
 
 
 def test_dense_memory_is_computed_for_smollm2_sizes():
@@ -196,8 +302,8 @@ def tiny_source(tmp_path_factory):
     return tiny_source_dir(tmp_path_factory.mktemp("vocadt"), el=lines("el", 300), ru=lines("ru", 300))
 
 
-@pytest.mark.parametrize("untie", [False, True])
-def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model(tiny_source, tmp_path, untie):
+@pytest.mark.parametrize("form", ["separate", "shared"])
+def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model(tiny_source, tmp_path, form):
     out = tmp_path / "out"
     args = [
         "vocadt",
@@ -209,13 +315,15 @@ def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model
         "--seq-len", "32", "--batch-size", "2", "--max-steps", "4", "--val-lines", "16",
         "--lr", "0.05",
         "--out", str(out),
-    ] + (["--untie-head"] if untie else [])  # fmt: skip
+        "--adapters", form,
+    ]  # fmt: skip
     assert main(args) == 0
     manifest = json.loads((out / "vocgraft.json").read_text())
     assert manifest["method"]["stage"] == "vocadt" and manifest["method"]["alpha"] == 0.1
     assert manifest["training"]["strategy"] == "vocadt"
     assert manifest["training"]["corpus"] == [[str(tiny_source / "el.txt"), 3.0], [str(tiny_source / "ru.txt"), 1.0]]
-    assert manifest["vocadt"]["adapters"] == (2 if untie else 1)
+    assert manifest["vocadt"]["adapters"] == form and manifest["method"]["adapters"] == form
+    assert manifest["vocadt"]["adapter_modules"] == (2 if form == "separate" else 1)
     source = AutoModelForCausalLM.from_pretrained(tiny_source / "source")
     trained = AutoModelForCausalLM.from_pretrained(out)
     before = {k: v for k, v in source.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
@@ -224,13 +332,17 @@ def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model
     plan = VocabPlan.from_json(out / "vocgraft-plan.json")
     assert trained.get_input_embeddings().weight.shape[0] == len(plan.target_tokens)
     facts = manifest["vocadt"]
-    assert manifest["metrics"]["trainable_parameters"] == facts["adapters"] * len(plan.target_tokens) * facts["width"]
+    trainable = facts["adapter_modules"] * len(plan.target_tokens) * facts["width"]
+    assert manifest["metrics"]["trainable_parameters"] == trainable
     # training moved the new rows away from A0 E_old (the Mean start): the adapters did learn something
     source_tokenizer = AutoTokenizer.from_pretrained(tiny_source / "source")
     start = mean_rows(source.get_input_embeddings().weight, plan, source_tokenizer, plan.new_ids)
     assert not torch.allclose(trained.get_input_embeddings().weight[plan.new_ids], start, atol=1e-4)
+    head = trained.get_output_embeddings().weight
+    assert torch.equal(head, trained.get_input_embeddings().weight) == (form == "shared")  # A_in E vs A_out E
+    assert trained.config.tie_word_embeddings == (form == "shared")
     info = reload_in_fresh_process(out)
-    assert info["rows"] >= info["len"] and info["generated"] == 3 and info["tied"] == (not untie)
+    assert info["rows"] >= info["len"] and info["generated"] == 3 and info["tied"] == (form == "shared")
 
 
 def test_vocadt_cli_errors(tiny_source, tmp_path, capsys):
@@ -242,6 +354,13 @@ def test_vocadt_cli_errors(tiny_source, tmp_path, capsys):
     assert main(negative) == 2
     assert "--alpha must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    from vocgraft.recipes.vocadt import VocadtSettings, vocadt_model
+    from vocgraft.train.lapt import TrainConfig
+
+    config = TrainConfig(model=str(tiny_source / "source"), corpus=str(tiny_source / "el.txt"), out=str(tmp_path / "c"))
+    with pytest.raises(TrainingError, match="--adapters must be one of separate, shared"):
+        vocadt_model(VocadtSettings(adapters="tied"), config)
+    assert not (tmp_path / "c").exists()
 
 
 def test_vocadt_strategy_needs_adapters():
@@ -279,4 +398,6 @@ def test_vocadt_resumes_from_a_checkpoint_to_the_same_weights_and_refuses_other_
     assert log["summary"]["resumed_from_step"] == 2
     capsys.readouterr()
     assert run(tmp_path / "other", "--resume", "--alpha", "0") == 2
+    assert "adapter" in capsys.readouterr().err
+    assert run(tmp_path / "shared", "--resume", "--adapters", "shared") == 2  # the other form is another run
     assert "adapter" in capsys.readouterr().err

@@ -112,8 +112,9 @@ def cmd_tokenizer_train(args) -> None:
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
 
 
-def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
-    """Tokens/line before and after, speedup proxy, and the share of new tokens that the text actually uses."""
+def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
+    """Tokens/line before and after, speedup proxy, the share of new tokens that the text actually uses, and
+    whether the text round-trips exactly (and, given the model's ``rows``, whether every id it uses has a row)."""
     from vocgraft.eval import encode_lines, fertility, speedup
     from vocgraft.eval.fertility import new_tokens_used_share
 
@@ -126,7 +127,7 @@ def expansion_summary(source_tokenizer, tokenizer, new_ids, lines) -> dict:
         "speedup": speedup(source["tokens_per_line_mean"], target["tokens_per_line_mean"]),
         "new_tokens_used_share": new_tokens_used_share(after, new_ids),
         "roundtrip_exact": all(tokenizer.decode(ids) == line for ids, line in zip(after, lines)),
-    }
+    } | ({"ids_have_rows": all(max(ids, default=-1) < rows for ids in after)} if rows is not None else {})
 
 
 def parse_scripts(value: str):
@@ -162,6 +163,8 @@ def cmd_expand(args) -> None:
         f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
         f"with init={args.init} -> {out}"
     )
+    if added["skipped_reasons"]:
+        print("candidates skipped: " + ", ".join(f"{n} {key}" for key, n in added["skipped_reasons"].items()))
     if args.heldout:
         from vocgraft.models import load_tokenizer
 
@@ -170,6 +173,7 @@ def cmd_expand(args) -> None:
             result.tokenizer,
             result.plan.new_ids,
             read_lines(args.heldout, limit=args.eval_limit),
+            rows=result.model.get_input_embeddings().weight.shape[0],
         )
         print(json.dumps(summary, indent=2))
 
@@ -278,7 +282,7 @@ def cmd_vocadt(args) -> None:
         vocab_size=args.vocab_size,
         alpha=args.alpha,
         candidates=None if args.dense else args.max_candidates,
-        untie_head=args.untie_head,
+        adapters=args.adapters,
     )
     summary = vocadt_model(settings, train_config(args))
     if not summary["main_process"]:
@@ -286,7 +290,8 @@ def cmd_vocadt(args) -> None:
     facts = summary["vocadt"]
     memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
     print(
-        f"{facts['form']} adapter x{facts['adapters']}: rows started as {facts['rows_started_as']}; "
+        f"{facts['adapters']} {facts['form']} adapters (x{facts['adapter_modules']}): rows started as "
+        f"{facts['rows_started_as']}, aux loss over {facts['aux_loss_rows']} shared-vocabulary rows; "
         f"adapter training state {memory}"
     )
     print_training(summary, args.out)
@@ -356,7 +361,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens, two init methods, report + recommendation."""
+    """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
     from vocgraft.pipeline.config import validate
     from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
 
@@ -569,7 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     form = p.add_mutually_exclusive_group()
     form.add_argument("--max-candidates", type=int, default=64, help="K nearest old rows per new row (sparse form)")
     form.add_argument("--dense", action="store_true", help="a full |Vnew| x |Vold| adapter (large GPUs only)")
-    p.add_argument("--untie-head", action="store_true", help="tied source: a separate head adapter (untied output)")
+    p.add_argument(
+        "--adapters", choices=["separate", "shared"], default="separate", help="separate input and output adapters "
+        "(paper 004's form; a tied source is saved untied) or one adapter on both sides (a tied source stays tied)"
+    )  # fmt: skip
     p.set_defaults(func=cmd_vocadt)
 
     p = sub.add_parser("downstream", help="generation speed, MT chrF and NLI/SUM/SPAN scores (vs a baseline model)")
@@ -605,7 +613,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")
     p.add_argument("--k", default="100,1000", help="new-token counts to try")
-    p.add_argument("--init", default="mean,align", help="init methods to try")
+    p.add_argument(
+        "--init",
+        default="random,mean,align",
+        help="init methods to compare (the default: the common baseline and the papers' two best; each gives "
+        "different rows, a test checks it)",
+    )
     p.add_argument("--sample", type=int, default=8192, help="training lines for the aux tokenizer and Align")
     p.add_argument("--aux-vocab-size", type=int, default=8000)
     p.add_argument("--limit", type=int, default=200, help="held-out lines to measure on")

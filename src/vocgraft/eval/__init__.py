@@ -30,6 +30,13 @@ def evaluate(
         result["baseline_tokenizer"] = baseline
         result["speedup"] = speedup(baseline["tokens_per_line_mean"], result["tokenizer"]["tokens_per_line_mean"])
     if with_bpb and model is not None:
+        rows = model.get_input_embeddings().weight.shape[0]
+        largest = max((max(ids) for ids in token_ids if ids), default=-1)
+        if largest >= rows:  # an index error on a CPU, a device-side assert on a GPU
+            raise ValueError(
+                f"the tokenizer produces id {largest} but the model has only {rows} embedding rows: the tokenizer "
+                "does not belong to this model (or the model was saved without rows for its new tokens)."
+            )
         result["bpb"] = bits_per_byte(
             model,
             tokenizer,

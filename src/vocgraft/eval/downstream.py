@@ -93,8 +93,11 @@ def markdown_summary(results: list[dict]) -> str:
         parts.append(markdown_table(["model", "direction", "pairs", "chrF"], rows))
     tasks = [(r["model"], t) for r in results for t in r["tasks"]]
     if tasks:
-        from vocgraft.eval.tasks import METRIC
+        from vocgraft.eval.tasks import METRICS
 
-        rows = [[m, t["task"], t["records"], METRIC[t["task"]], t[METRIC[t["task"]]]] for m, t in tasks]
+        rows = [[m, t["task"], t["records"], metric, t[metric]] for m, t in tasks for metric in METRICS[t["task"]]]
         parts.append(markdown_table(["model", "task", "records", "metric", "score"], rows))
+        nli = [t for _, t in tasks if t["task"] == "nli"]
+        if nli:  # what the two NLI metrics are
+            parts.append("\n".join(f"- nli {name}: {text}" for name, text in nli[0]["scores"].items()))
     return "\n\n".join(parts)

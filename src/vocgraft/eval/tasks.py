@@ -5,10 +5,19 @@ Records:
   sum   {"text": ..., "summary": ...}
   span  {"context": ..., "question": ..., "answers": [...] or "..."}
 
-NLI picks the label word with the highest log-likelihood after the prompt (the whole word, summed over its
-tokens), as paper 000 §C.2 does; SUM and SPAN decode greedily (128 and 8 new tokens, paper 000 Table 4) and score
-the text before the first line break. The prompt templates of paper 000 Table 5 ship for its eight languages;
-``templates`` overrides any of them.
+NLI is scored two ways, both reported (``NLI_SCORES``):
+
+- ``accuracy``, paper 000's form (§C.2, Table 4: NLI generates one token): the prediction is the label word whose
+  *first token* has the highest log-likelihood after the prompt. Labels whose first tokens coincide under a
+  tokenizer (the three Greek labels all start with ``▁`` under Llama 2, with the byte ``ĠÎ`` under GPT-2) tie
+  exactly; the first label in label order wins, and ``first_token_ties`` counts the records where that happened.
+- ``accuracy_per_byte``: the label with the highest log-likelihood per UTF-8 byte, summed over all of its tokens
+  and divided by the bytes of the scored text (the label with its leading space). Unlike a sum over tokens, it does
+  not charge a label for the number of tokens a vocabulary needs to spell it, so source and adapted models are
+  compared on the same footing (a sum over tokens favours whichever labels a vocabulary spells in fewer tokens).
+
+SUM and SPAN decode greedily (128 and 8 new tokens, paper 000 Table 4) and score the text before the first line
+break. The prompt templates of paper 000 Table 5 ship for its eight languages; ``templates`` overrides any of them.
 """
 
 from __future__ import annotations
@@ -105,8 +114,8 @@ def template_for(task: str, lang: str, templates: dict | None = None) -> str:
     return TEMPLATES[task][lang]
 
 
-def continuation_logprob(model, tokenizer, prompt: str, continuations: Sequence[str]) -> list[float]:
-    """Sum of log-probabilities of each continuation's tokens after ``prompt`` (one batch, right-padded)."""
+def continuation_token_logprobs(model, tokenizer, prompt: str, continuations: Sequence[str]) -> list[list[float]]:
+    """Log-probability of each token of each continuation after ``prompt`` (one batch, right-padded)."""
     prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
     sequences = []
     for text in continuations:
@@ -122,25 +131,54 @@ def continuation_logprob(model, tokenizer, prompt: str, continuations: Sequence[
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     with torch.no_grad():
         logprobs = model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
-    scores = []
-    for row, seq in enumerate(sequences):
-        positions = range(len(prompt_ids), len(seq))
-        scores.append(sum(float(logprobs[row, p - 1, seq[p]]) for p in positions))
-    return scores
+    return [
+        [float(logprobs[row, p - 1, seq[p]]) for p in range(len(prompt_ids), len(seq))]
+        for row, seq in enumerate(sequences)
+    ]
+
+
+def continuation_logprob(model, tokenizer, prompt: str, continuations: Sequence[str]) -> list[float]:
+    """Sum of log-probabilities of each continuation's tokens after ``prompt``."""
+    return [sum(lps) for lps in continuation_token_logprobs(model, tokenizer, prompt, continuations)]
+
+
+NLI_SCORES = {
+    "accuracy": "label whose first token is most likely after the prompt (paper 000 §C.2; ties: first label)",
+    "accuracy_per_byte": "label with the highest log-likelihood per UTF-8 byte, over all its tokens",
+}
+
+
+def _argmax(scores: Sequence[float]) -> int:
+    return max(range(len(scores)), key=scores.__getitem__)  # the first of equal maxima: label order breaks ties
 
 
 def nli_accuracy(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
+    """Both NLI scores of ``NLI_SCORES`` over ``records``, with the number of first-token ties."""
     template = template_for("nli", lang, templates)
     labels = list((templates or {}).get("nli_labels") or NLI_LABELS.get(lang) or NLI_LABELS["en"])
-    correct, predictions = 0, []
+    continuations = [" " + word for word in labels]
+    label_bytes = [len(text.encode("utf-8")) for text in continuations]
+    correct = dict.fromkeys(NLI_SCORES, 0)
+    ties = 0
     for record in records:
         gold = record["label"] if isinstance(record["label"], int) else labels.index(record["label"])
         prompt = template.format(premise=record["premise"], hypothesis=record["hypothesis"])
-        scores = continuation_logprob(model, tokenizer, prompt, [" " + word for word in labels])
-        guess = max(range(len(labels)), key=scores.__getitem__)
-        predictions.append(guess)
-        correct += guess == gold
-    return {"task": "nli", "records": len(records), "accuracy": correct / len(records), "labels": labels}
+        logprobs = continuation_token_logprobs(model, tokenizer, prompt, continuations)
+        first = [lps[0] for lps in logprobs]
+        per_byte = [sum(lps) / n for lps, n in zip(logprobs, label_bytes)]
+        ties += first.count(max(first)) > 1
+        correct["accuracy"] += _argmax(first) == gold
+        correct["accuracy_per_byte"] += _argmax(per_byte) == gold
+    n = len(records)
+    return {
+        "task": "nli",
+        "records": n,
+        **{name: correct[name] / n for name in NLI_SCORES},
+        "scores": dict(NLI_SCORES),
+        "first_token_ties": ties,
+        "labels": labels,
+        "label_bytes": label_bytes,
+    }
 
 
 def sum_rouge(model, tokenizer, records: Sequence[dict], lang: str, templates: dict | None = None) -> dict:
@@ -165,4 +203,5 @@ def span_f1(model, tokenizer, records: Sequence[dict], lang: str, templates: dic
 
 
 RUNNERS = {"nli": nli_accuracy, "sum": sum_rouge, "span": span_f1}
-METRIC = {"nli": "accuracy", "sum": "rouge_l", "span": "f1"}  # the key of each runner's score
+# the keys of each runner's scores, the paper's first; reports name them ``<task>_<key>`` (``nli_accuracy_per_byte``)
+METRICS = {"nli": tuple(NLI_SCORES), "sum": ("rouge_l",), "span": ("f1",)}

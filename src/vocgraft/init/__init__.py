@@ -173,14 +173,21 @@ def method_options(name: str, given: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def source_rows(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    """The rows of real source tokens (padding rows excluded), float32: what statistics are taken over."""
+    """The rows of real source tokens (padding rows and unused ids excluded), float32: what statistics are taken
+    over."""
     n = ctx.n_source
     if source_matrix.shape[0] < n:
         raise ValueError(
-            f"the source matrix has {source_matrix.shape[0]} rows but the source tokenizer has {n} tokens; "
+            f"the source matrix has {source_matrix.shape[0]} rows but the source tokenizer has {n} ids; "
             "is this the right model for the plan?"
         )
-    return source_matrix[:n].detach().to(torch.float32)
+    rows = source_matrix[:n].detach().to(torch.float32)
+    unused = [i for i, token in enumerate(ctx.plan.source_tokens) if not token]  # ids inside the range no token has
+    if unused:
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[unused] = False
+        rows = rows[keep]
+    return rows
 
 
 def initialize(model: Any, method: str, ctx: InitContext) -> tuple[torch.Tensor, torch.Tensor | None]:

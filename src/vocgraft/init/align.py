@@ -1,9 +1,23 @@
-"""Align initialization (Yamaguchi et al., paper 003 §4.3).
+"""Align initialization (paper 000 §3.2, paper 003 §4.3): each new token's row is the frequency-weighted mean of the
+mean source rows of the source-token tuples it is aligned with in the corpus.
 
-Every corpus line is tokenized by both tokenizers. Each occurrence of a new target token is aligned to the tuple of
-source tokens whose byte spans overlap its own; per new token the distinct tuples are weighted by their relative
-frequency, and its row is the weighted mean of the tuples' mean source rows. New tokens that never occur fall back
-to Mean.
+Every corpus line is tokenized by the source tokenizer and by the *auxiliary* tokenizer (``ctx.aux``: in expand
+mode the tokenizer the new tokens came from, in replace mode the target tokenizer itself). Each occurrence of a
+new token in the auxiliary segmentation is aligned to the tuple of source tokens whose byte spans overlap its
+own; per new token the distinct tuples are weighted by their relative frequency. New tokens that never occur
+in the auxiliary segmentation of the corpus (in expand mode: the expansion's intermediates, and auxiliary
+tokens the auxiliary tokenizer always merges further) get Merge, which gives Random where it has no merge
+path: the fallbacks of the authors' code.
+
+Why the auxiliary segmentation and not the expanded tokenizer's: vocgraft ranks its new merges after every
+source merge, so wherever the expanded tokenizer emits a new token, that token covers exactly the source pieces
+of its own string, and Align over it is Mean (measured on SmolLM2 + Greek: identical rows). The papers' method
+rests on the source tokenizing a new token's text differently in different contexts; against the auxiliary
+segmentation it does (4,096 Greek lines: ``ĠÎ¼Îµ`` is ``ĠÎ¼ Îµ`` 555 times, ``ĠÎ¼ ÎµÏģ`` once, where the
+source's ``ÎµÏģ`` crosses the token's end), as it does against the authors' expanded tokenizers, which rank the
+auxiliary merges first.
+New tokens are found in the auxiliary vocabulary by their raw string (expansion adds auxiliary tokens under the
+same raw strings).
 
 Alignment is done on UTF-8 *byte* spans in one convention for both tokenizers (see ``_byte_spans``):
   * special tokens (BOS, whose span is (0, 0), and the like) are dropped;
@@ -15,6 +29,9 @@ Alignment is done on UTF-8 *byte* spans in one convention for both tokenizers (s
     otherwise every token of the group gets the group's span;
   * a token with an empty span that is not special (``trim_offsets`` gives a lone ``Ġ`` one) joins the group of the
     token after it, so its byte length puts it back where it was.
+A source token aligns with a new token when their byte spans share at least one byte, so a source token that
+straddles the new token's edge is part of its tuple (the authors' code keeps only source tokens that contain or
+are contained in the new token, which drops straddling tokens and can leave part of the text unrepresented).
 """
 
 from __future__ import annotations
@@ -28,13 +45,14 @@ import numpy as np
 import torch
 
 from vocgraft.init import InitContext, register, source_rows
-from vocgraft.init.mean import mean_rows
+from vocgraft.init.merge import cached_tree, merge_rows, warn_random
 from vocgraft.progress import progress
 from vocgraft.tokenization.canonical import canonical_tokens
+from vocgraft.tokenization.ids import id_range
 
 BATCH_LINES = 8192  # lines per tokenizer call: large enough for the Rust batch encoder, small enough for memory
 
-PairCounts = Counter[tuple[int, tuple[int, ...]]]  # (new target id, covering source ids) -> occurrences
+PairCounts = Counter[tuple[int, tuple[int, ...]]]  # (aligned token id, covering source ids) -> occurrences
 
 
 class _Spans:
@@ -65,7 +83,7 @@ def token_byte_lengths(tokenizer) -> np.ndarray:
     try:
         forms = canonical_tokens(tokenizer)
     except ValueError:  # a family canonical.py does not know
-        return np.full(len(tokenizer), -1, dtype=np.int64)
+        return np.full(id_range(tokenizer), -1, dtype=np.int64)
     return np.fromiter((-1 if b is None else len(b) for b in forms), dtype=np.int64, count=len(forms))
 
 
@@ -151,36 +169,37 @@ def _special_ids(tokenizer) -> np.ndarray:
     return np.asarray(sorted(set(getattr(tokenizer, "all_special_ids", []) or [])), dtype=np.int64)
 
 
-def _count_batch(source: _Spans, target: _Spans, new_ids: np.ndarray, counts: PairCounts) -> None:
-    """Add the (new id, covering source tuple) pairs of one batch to ``counts``."""
-    hit = np.isin(target.ids, new_ids)
-    t_start, t_end = target.start[hit], target.end[hit]
+def _count_batch(source: _Spans, aligned: _Spans, wanted: np.ndarray, counts: PairCounts) -> None:
+    """Add the (wanted id, covering source tuple) pairs of one batch to ``counts``."""
+    hit = np.isin(aligned.ids, wanted)
+    t_start, t_end = aligned.start[hit], aligned.end[hit]
     # covering = every source token whose span overlaps [t_start, t_end): spans are sorted, so two binary searches
     lo = np.searchsorted(source.end, t_start, side="right")
     hi = np.searchsorted(source.start, t_end, side="left")
-    ok = hi > lo  # a target span with no source token under it (text the source tokenizer dropped) says nothing
+    ok = hi > lo  # a span with no source token under it (text the source tokenizer dropped) says nothing
     src = source.ids.tolist()
-    pairs = zip(target.ids[hit][ok].tolist(), (tuple(src[a:b]) for a, b in zip(lo[ok].tolist(), hi[ok].tolist())))
+    pairs = zip(aligned.ids[hit][ok].tolist(), (tuple(src[a:b]) for a, b in zip(lo[ok].tolist(), hi[ok].tolist())))
     counts.update(pairs)
 
 
 def count_pairs(
     source_tokenizer,
-    target_tokenizer,
+    aligned_tokenizer,
     lines: Iterable[str],
-    new_ids: Iterable[int],
+    wanted_ids: Iterable[int],
     *,
     batch_lines: int = BATCH_LINES,
     show_progress: bool = True,
     timings: dict[str, float] | None = None,
 ) -> PairCounts:
-    """Occurrences of every (new target id, covering tuple of source ids) pair over the corpus lines."""
+    """Occurrences of every (id of ``aligned_tokenizer`` in ``wanted_ids``, covering tuple of source ids) pair
+    over the corpus lines, each line tokenized by both tokenizers."""
     clock = timings if timings is not None else {}
     t0 = time.perf_counter()
     lines = list(lines)
-    new = np.asarray(sorted(set(new_ids)), dtype=np.int64)
-    src_len, tgt_len = token_byte_lengths(source_tokenizer), token_byte_lengths(target_tokenizer)
-    src_special, tgt_special = _special_ids(source_tokenizer), _special_ids(target_tokenizer)
+    wanted = np.asarray(sorted(set(wanted_ids)), dtype=np.int64)
+    src_len, aln_len = token_byte_lengths(source_tokenizer), token_byte_lengths(aligned_tokenizer)
+    src_special, aln_special = _special_ids(source_tokenizer), _special_ids(aligned_tokenizer)
     counts: PairCounts = Counter()
     clock["setup_s"] = clock.get("setup_s", 0.0) + time.perf_counter() - t0
     clock.setdefault("tokenize_s", 0.0)
@@ -189,25 +208,57 @@ def count_pairs(
     for lo in progress(batches, desc="align", unit="batch", disable=not show_progress or len(batches) < 2):
         batch = lines[lo : lo + batch_lines]
         t0 = time.perf_counter()
-        s_raw, t_raw = _encode(source_tokenizer, batch), _encode(target_tokenizer, batch)
+        s_raw, a_raw = _encode(source_tokenizer, batch), _encode(aligned_tokenizer, batch)
         t1 = time.perf_counter()
         cum, line_char = _char_to_byte(batch)
         source = _byte_spans(*s_raw, cum, line_char, src_len, src_special)
-        target = _byte_spans(*t_raw, cum, line_char, tgt_len, tgt_special)
-        _count_batch(source, target, new, counts)
+        aligned = _byte_spans(*a_raw, cum, line_char, aln_len, aln_special)
+        _count_batch(source, aligned, wanted, counts)
         clock["tokenize_s"] += t1 - t0
         clock["count_s"] += time.perf_counter() - t1
     return counts
 
 
 def align_counts(
-    source_tokenizer, target_tokenizer, lines: Iterable[str], new_ids: Iterable[int]
+    source_tokenizer, aligned_tokenizer, lines: Iterable[str], wanted_ids: Iterable[int]
 ) -> dict[int, Counter[tuple[int, ...]]]:
-    """For each new target id seen in ``lines``: how often each tuple of source ids covered it (unseen ids absent)."""
+    """For each wanted id seen in ``lines``: how often each tuple of source ids covered it (unseen ids absent)."""
     out: dict[int, Counter[tuple[int, ...]]] = {}
-    for (tid, tup), n in count_pairs(source_tokenizer, target_tokenizer, lines, new_ids, show_progress=False).items():
+    counts = count_pairs(source_tokenizer, aligned_tokenizer, lines, wanted_ids, show_progress=False)
+    for (tid, tup), n in counts.items():
         out.setdefault(tid, Counter())[tup] = n
     return out
+
+
+def aux_ids_of_new_tokens(plan, aux_tokenizer) -> dict[int, int]:
+    """Auxiliary id -> target id for every new token of ``plan`` that is a (non-special) auxiliary token, matched
+    by raw string. Intermediates the expansion made up have no auxiliary id."""
+    vocab = aux_tokenizer.get_vocab()
+    special = set(_special_ids(aux_tokenizer).tolist())
+    found = {}
+    for tid in plan.new_ids:
+        aux_id = vocab.get(plan.target_tokens[tid])
+        if aux_id is not None and aux_id not in special:
+            found[aux_id] = tid
+    return found
+
+
+def count_new_token_pairs(
+    source_tokenizer,
+    aux_tokenizer,
+    lines: Sequence[str],
+    plan,
+    *,
+    show_progress: bool = True,
+    timings: dict[str, float] | None = None,
+) -> PairCounts:
+    """(new target id, covering source tuple) occurrences, aligning the source against the auxiliary segmentation
+    of ``lines``."""
+    to_target = aux_ids_of_new_tokens(plan, aux_tokenizer)
+    counts = count_pairs(
+        source_tokenizer, aux_tokenizer, lines, list(to_target), show_progress=show_progress, timings=timings
+    )
+    return Counter({(to_target[aux_id], tup): n for (aux_id, tup), n in counts.items()})
 
 
 def weight_matrix(counts: PairCounts, new_ids: Sequence[int], n_rows: int) -> torch.Tensor:
@@ -237,62 +288,50 @@ def weight_matrix(counts: PairCounts, new_ids: Sequence[int], n_rows: int) -> to
     return matrix.coalesce().to(torch.float32)
 
 
-def align_rows(
-    source_matrix: torch.Tensor,
-    plan,
-    source_tokenizer,
-    target_tokenizer,
-    lines: Sequence[str],
-    *,
-    show_progress: bool = True,
-    timings: dict[str, float] | None = None,
-    counts: Counter | None = None,
-) -> torch.Tensor:
-    """Rows for ``plan.new_ids`` (in that order): Align where a token occurs in ``lines``, Mean elsewhere.
-
-    ``counts``: the result of :func:`count_pairs` for these inputs, when already computed."""
-    new_ids = list(plan.new_ids)
-    matrix = source_matrix.detach().to(torch.float32)
-    if counts is None:
-        counts = count_pairs(
-            source_tokenizer, target_tokenizer, lines, new_ids, show_progress=show_progress, timings=timings
-        )
-    t0 = time.perf_counter()
-    rows = torch.sparse.mm(weight_matrix(counts, new_ids, matrix.shape[0]), matrix)
+def align_rows(source_matrix: torch.Tensor, new_ids: Sequence[int], counts: PairCounts, fallback: torch.Tensor):
+    """Rows for ``new_ids`` (in that order): the Align row where a token has aligned tuples in ``counts``, its
+    ``fallback`` row (same order) elsewhere. ``source_matrix``: the real source rows, float32."""
+    rows = torch.sparse.mm(weight_matrix(counts, new_ids, source_matrix.shape[0]), source_matrix)
     seen = {tid for tid, _ in counts}
     unseen = [r for r, tid in enumerate(new_ids) if tid not in seen]
-    if unseen:
-        fallback = [new_ids[r] for r in unseen]
-        rows[unseen] = mean_rows(matrix, plan, source_tokenizer, fallback, target_tokenizer=target_tokenizer)
-    if timings is not None:
-        timings["matrix_s"] = time.perf_counter() - t0
-        timings["seen"], timings["unseen"] = len(new_ids) - len(unseen), len(unseen)
+    rows[unseen] = fallback[unseen]
     return rows
+
+
+def tuple_variety(counts: PairCounts) -> Counter[int]:
+    """Number of distinct source tuples per seen id."""
+    return Counter(tid for tid, _ in counts)
 
 
 @register(
     "align",
     needs=("corpus", "aux_tokenizer"),
-    summary="frequency-weighted mean of the source tuples aligned with the token in the corpus",
-    reference="paper 003 §4.3 (Align)",
+    summary="frequency-weighted mean of the source tuples aligned with the token in the auxiliary segmentation "
+    "of the corpus",
+    reference="paper 000 §3.2, paper 003 §4.3 (Align)",
 )
 def align(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    """Align initialization over ``ctx.corpus``; unseen new tokens get Mean."""
+    """Align over ``ctx.corpus``; new tokens the auxiliary segmentation never produces get Merge (then Random)."""
     if ctx.corpus is None:
         raise ValueError("init method 'align' needs a corpus: pass the target-language text (--corpus).")
-    source_rows(source_matrix, ctx)  # checks the matrix covers the source vocabulary
+    matrix = source_rows(source_matrix, ctx)
+    tree = cached_tree(ctx, "align")  # checks the auxiliary tokenizer is there before the corpus pass
+    new_ids = list(ctx.plan.new_ids)
     # the counts depend only on the tokenizers and the corpus: an untied model's head pass reuses them
     if "align_counts" not in ctx.resources:
         timings: dict[str, float] = {}
-        ctx.resources["align_counts"] = count_pairs(
-            ctx.source_tokenizer, ctx.target_tokenizer, ctx.corpus, list(ctx.plan.new_ids), timings=timings
-        )
-        ctx.resources["align_stats"] = timings
-    return align_rows(
-        source_matrix,
-        ctx.plan,
-        ctx.source_tokenizer,
-        ctx.target_tokenizer,
-        ctx.corpus,
-        counts=ctx.resources["align_counts"],
-    )
+        counts = count_new_token_pairs(ctx.source_tokenizer, ctx.aux, ctx.corpus, ctx.plan, timings=timings)
+        seen = tuple_variety(counts)
+        unseen = [n for n, tid in enumerate(new_ids) if tid not in seen]
+        random = sum(tree.depth[n] < 0 for n in unseen)
+        ctx.resources["align_counts"] = counts
+        ctx.resources["align_stats"] = {
+            **timings,
+            "seen": len(seen),
+            "several_tuples": sum(v > 1 for v in seen.values()),
+            "unseen_merge": len(unseen) - random,
+            "unseen_random": random,
+        }
+        warn_random("align", random, len(new_ids), "never occur in the auxiliary segmentation and have no merge path")
+    fallback = merge_rows(matrix, tree, ctx.generator())
+    return align_rows(matrix, new_ids, ctx.resources["align_counts"], fallback)

@@ -1,24 +1,27 @@
 """SALT, Semantic Aware Linear Transfer (paper 001 §3): new rows projected from a target-language PLM's embeddings.
 
 Inputs: the plan, one source matrix E_s (input embeddings, or the LM head in the head pass), and the input
-embeddings E_t of a PLM that uses the *target* tokenizer, ``ctx.resources["target_embeddings"]`` (rows indexed by
-target ids; ``vocgraft plm train`` builds one offline).
+embeddings E_t of a target-language PLM, ``ctx.resources["target_embeddings"]`` (``--target-plm``; ``vocgraft plm
+train`` builds one offline). A PLM row belongs to the target token with the same raw vocab string
+(``ctx.resources["target_plm_tokens"]``, the PLM tokenizer's tokens): in replace, with a PLM trained on the target
+tokenizer, that is the identity; in expand, where the target vocabulary is the source's plus new tokens, the PLM is
+trained with the *auxiliary* tokenizer, whose ids differ, and the strings pair its rows with the new tokens and
+with the source tokens it also has. A caller with a bare matrix and no token list gives rows by target id.
 
 1. **Shared tokens** are the plan's copied ids plus the whitespace-insensitive matches of
-   :func:`whitespace_insensitive_overlap` (paper 001, Appendix A); a shared token's row is its source row.
-2. **Neighbours.** For each other new token i, sparsemax over the cosine similarities of fastText vectors
-   (paper 001 Eq. 1-2) to the shared tokens; its support is N_i. The vectors are FOCUS's: fastText on the corpus
-   tokenized by the target tokenizer (``train_token_vectors``, settings from ``ctx.resources["fasttext"]``),
-   cached in ``ctx.resources["token_vectors"]``, where a caller may also put its own.
-3. **Least squares** (Eq. 3): X_i = pinv(E_t[N_i]) E_s[N_i], row_i = E_t[i] X_i.
-
-Centering (our default; ``ctx.resources["salt_center"] = False`` gives the paper's plain linear map): both spaces
-are centered on their mean row first, row_i = mean_s + (E_t[i] - mean_t) pinv(E_t[N_i] - mean_t) (E_s[N_i] - mean_s).
-Why: the linear map's coefficients do not sum to 1 (median 0.54 on Greek), so its rows lose part of the mean row
-that every source embedding shares (norm 2.2 of a typical 3.2 in SmolLM2). In a tied model that mean sets how
-unlikely a token is by default, and rows without it draw probability from everywhere: on 200 held-out Greek lines
-SALT scored 4.31 bits/byte plain and 2.90 with the missing mean added back, against Random's ~3.1. A fit whose
-coefficients sum to 1 (one neighbour, FOCUS's fallback weights) is unchanged by centering.
+   :func:`whitespace_insensitive_overlap` (paper 001, Appendix A); a shared token's row is its source row. Those
+   with a PLM row and an auxiliary vector are the *anchors* the maps are fitted on: in replace, the overlap of the
+   two vocabularies; in expand, the source tokens that are also auxiliary-tokenizer (PLM) tokens.
+2. **Auxiliary vectors** (Step 1): fastText on the corpus tokenized by the target tokenizer (FOCUS's
+   ``train_token_vectors``, settings from ``ctx.resources["fasttext"]``, cached in
+   ``ctx.resources["token_vectors"]``, where a caller may also put its own). A token seen fewer than minCount
+   times gets fastText's vector from its character n-grams ("combinations of multiple subwords");
+   only a token none of whose n-grams was trained has no vector.
+3. **Neighbours** (Eq. 1-2): for each other new token i, sparsemax over the cosine similarities of its vector to
+   the anchors'; its support is N_i.
+4. **Least squares** (Eq. 3): X_i = pinv(E_t[N_i]) E_s[N_i], row_i = E_t[i] X_i: the paper's plain linear map.
+   ``salt-centered`` (salt_centered.py) is our variant that fits it on centered spaces; why it exists is
+   documented there.
 
 Computing it: row_i = (E_t[i] pinv(E_t[N_i])) E_s[N_i] = c_i E_s[N_i], so the d_t x d_s matrix X_i is never formed;
 the |N_i| coefficients c_i depend on E_t and the neighbours only. Tokens are grouped by |N_i|; each group's
@@ -29,8 +32,9 @@ embeddings).
 
 Fallbacks (each counted in ``ctx.resources["salt_stats"]``):
 
-- no fastText vector, or no shared token with one: Random (per-dimension normal of E_s, as the paper says, seeded
-  by ``ctx.generator()``: the same rows Random would give those tokens);
+- no auxiliary vector (not even from n-grams), no PLM row (expand: an intermediate piece the auxiliary tokenizer
+  does not have), or no anchor at all: Random (per-dimension normal of E_s, as the paper says, seeded by
+  ``ctx.generator()``: the same rows Random would give those tokens);
 - |N_i| = 1: the neighbour's source row. One pair (e, s) only fixes X along e, so E_t[i] X = (E_t[i]·e / |e|^2) s, a
   rescaled, possibly sign-flipped neighbour row whose scale is arbitrary: the row itself is the safe reading;
 - degenerate fits (E_t[i] (numerically) orthogonal to its neighbours' E_t rows, which would give a zero row, or a
@@ -47,7 +51,7 @@ from typing import Any
 
 import torch
 
-from vocgraft.init import InitContext, register, source_rows
+from vocgraft.init import InitContext, MethodInputError, register, source_rows
 from vocgraft.init.focus import token_vectors as focus_token_vectors
 from vocgraft.init.mean import target_forms
 from vocgraft.init.random import random_rows
@@ -61,8 +65,8 @@ SOLVE_BUDGET = 1 << 22  # float64 values per batched solve (32 MB): bounds memor
 _CACHE = "salt_coefficients"
 
 
-class SaltInputError(ValueError):
-    """SALT's inputs do not fit together; the message names the input to fix."""
+class SaltInputError(MethodInputError):
+    """SALT's inputs do not fit together; the message names the input to fix (the CLI reports it in one line)."""
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -164,13 +168,17 @@ def least_squares_coefficients(
     a = target_embeddings[neighbours].to(torch.float64)  # [g, k, d_t]
     e = target_embeddings[queries].to(torch.float64)  # [g, d_t]
     k, d = a.shape[1], a.shape[2]
-    # pinv(A) = A^T pinv(A A^T): the k x k Gram matrices (|N_i| is small next to d_t) instead of a batched SVD of
-    # the k x d_t matrices (15x slower); exact in float64
+    # pinv(A) = A^T pinv(A A^T) = pinv(A^T A) A^T: the smaller of the k x k and d_t x d_t Gram matrices (usually
+    # k x k: |N_i| is small next to d_t) instead of a batched SVD of the k x d_t matrices (15x slower); exact in
+    # float64. Both Gram matrices have the same nonzero eigenvalues, so pinv's cut is the same.
     # singular values below float32 rounding of the stored embeddings are noise, not directions (torch.linalg.pinv's
     # rtol, for float32 data)
     rtol = torch.finfo(torch.float32).eps * max(k, d)
-    b = torch.einsum("gd,gkd->gk", e, a)  # e A^T
-    coef = gram_pinv_apply(a @ a.transpose(1, 2), b, rtol)
+    if k <= d:
+        b = torch.einsum("gd,gkd->gk", e, a)  # e A^T
+        coef = gram_pinv_apply(a @ a.transpose(1, 2), b, rtol)
+    else:  # more neighbours than dimensions: c = (e pinv(A^T A)) A^T
+        coef = torch.einsum("gd,gkd->gk", gram_pinv_apply(a.transpose(1, 2) @ a, e, rtol), a)
     projection = torch.einsum("gk,gkd->gd", coef, a)  # e projected onto span(E_t[N])
     explained = projection.norm(dim=1) / e.norm(dim=1).clamp_min(1e-30)
     return coef, explained
@@ -208,58 +216,79 @@ def batched_least_squares(
 # inputs
 
 
-def target_embedding_matrix(ctx: InitContext) -> torch.Tensor:
-    """E_t from the resources, checked against the target vocabulary; float32, detached."""
+@dataclass
+class PlmRows:
+    """E_t and where each target token's row is in it."""
+
+    embeddings: torch.Tensor  # [rows, d_t] float32
+    row_of: torch.Tensor  # [n_target] long: the PLM row of each target id, -1 where the PLM has no such token
+
+
+def plm_rows(ctx: InitContext, method: str = "salt") -> PlmRows:
+    """E_t from the resources, and the PLM row of each target token: by raw vocab string where the PLM's tokens
+    are given (``target_plm_tokens``), else by target id (a bare matrix, whose rows must cover every new id)."""
     emb = ctx.resources.get("target_embeddings")
     if emb is None:
         raise SaltInputError(
-            "init method 'salt' needs the input embeddings of a target-language PLM that uses the target tokenizer: "
-            "pass --target-plm DIR (no such model at hand? train one: `vocgraft plm train --corpus F --tokenizer T "
-            "--out DIR`)."
+            f"init method {method!r} needs the input embeddings of a target-language PLM whose tokenizer is the "
+            "target tokenizer (replace) or the auxiliary tokenizer (expand): pass --target-plm DIR (no such model "
+            "at hand? train one: `vocgraft plm train --corpus F --tokenizer T --out DIR`)."
         )
     emb = torch.as_tensor(emb).detach().to(torch.float32)
-    n_target = len(ctx.plan.target_tokens)
-    plm_size = ctx.resources.get("target_plm_tokenizer_size")
     if emb.ndim != 2:
         raise SaltInputError(f"target_embeddings must be a [tokens, hidden] matrix, got shape {tuple(emb.shape)}.")
-    if plm_size is not None and plm_size > n_target:
-        raise SaltInputError(
-            f"the --target-plm tokenizer has {plm_size} tokens but the target tokenizer {n_target}: SALT reads PLM "
-            "rows by target id, so the PLM must use the target tokenizer (train one with `vocgraft plm train "
-            "--tokenizer <target tokenizer>`)."
-        )
+    plan = ctx.plan
+    n_target = len(plan.target_tokens)
+    plm_size = ctx.resources.get("target_plm_tokenizer_size")
     usable = min(emb.shape[0], plm_size if plm_size is not None else emb.shape[0])
-    beyond = [t for t in ctx.plan.new_ids if t >= usable]
-    if beyond:  # ids the target has past the PLM's may only be copied tokens (specials added by the recipe)
-        raise SaltInputError(
-            f"the --target-plm embeddings have {usable} usable rows but the target vocabulary has {n_target} "
-            f"tokens, {len(beyond)} of them new (first id {beyond[0]}): the PLM must use the target tokenizer."
-        )
     plm_tokens = ctx.resources.get("target_plm_tokens")
-    if plm_tokens is not None:  # the PLM's vocabulary, when the caller has it: ids must mean the same tokens
-        bad = [i for i, (a, b) in enumerate(zip(plm_tokens, ctx.plan.target_tokens)) if a != b]
-        if bad:
+    if plm_tokens is not None:
+        index = {token: i for i, token in enumerate(plm_tokens[:usable]) if token}
+        row_of = torch.tensor([index.get(token, -1) if token else -1 for token in plan.target_tokens], dtype=torch.long)
+    else:
+        beyond = [t for t in plan.new_ids if t >= usable]
+        if beyond:
             raise SaltInputError(
-                f"the --target-plm tokenizer differs from the target tokenizer at {len(bad)} ids (first: id {bad[0]} "
-                f"is {plm_tokens[bad[0]]!r} vs {ctx.plan.target_tokens[bad[0]]!r}); use the PLM's own tokenizer "
-                "as the target, or train the PLM with the target tokenizer."
+                f"the target embeddings have {usable} usable rows but the target vocabulary has {n_target} tokens, "
+                f"{len(beyond)} of them new (first id {beyond[0]}): rows given without the PLM's tokens are read "
+                "by target id, so the PLM must use the target tokenizer."
             )
-    return emb[:usable]
+        row_of = torch.full((n_target,), -1, dtype=torch.long)
+        row_of[: min(usable, n_target)] = torch.arange(min(usable, n_target))
+    new_ids = torch.tensor(plan.new_ids, dtype=torch.long)
+    if len(new_ids) and bool((row_of[new_ids] < 0).all()):
+        raise SaltInputError(
+            f"none of the {len(new_ids)} new tokens (first: {plan.target_tokens[int(new_ids[0])]!r}) is in the "
+            "--target-plm vocabulary: SALT needs a PLM trained with the tokenizer the new tokens come from, the "
+            "target tokenizer in replace, the auxiliary tokenizer in expand (`vocgraft plm train --tokenizer T`)."
+        )
+    return PlmRows(emb[:usable], row_of)
 
 
 @dataclass
 class _Vectors:
     ids: torch.Tensor  # target ids with a vector
     vectors: torch.Tensor  # [len(ids), dim] float32
+    from_subwords: torch.Tensor  # [len(ids)] bool: the vector comes from character n-grams (below minCount)
 
 
-def auxiliary_vectors(ctx: InitContext, stats: dict[str, Any]) -> _Vectors:
-    """fastText vectors of target tokens: from ``ctx.resources["token_vectors"]``, else trained on ``ctx.corpus``."""
-    tv = ctx.resources.get("token_vectors")
-    if tv is None:
+def _as_rows(ids: Any, vectors: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    vectors = torch.as_tensor(vectors).to(torch.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != len(ids):
+        raise SaltInputError(
+            f"token_vectors: {len(ids)} ids but vectors of shape {tuple(vectors.shape)}; expected one row per id."
+        )
+    return ids, vectors
+
+
+def auxiliary_vectors(ctx: InitContext, stats: dict[str, Any], method: str = "salt") -> _Vectors:
+    """fastText vectors of target tokens, trained ones and (below minCount) subword ones: from
+    ``ctx.resources["token_vectors"]``, else trained on ``ctx.corpus``."""
+    if ctx.resources.get("token_vectors") is None:
         if ctx.corpus is None:
             raise SaltInputError(
-                "init method 'salt' finds neighbours with fastText vectors of the target tokens, trained on the "
+                f"init method {method!r} finds neighbours with fastText vectors of the target tokens, trained on the "
                 "target-language corpus: pass --corpus."
             )
         stats["token_vectors_trained_here"] = True
@@ -267,15 +296,15 @@ def auxiliary_vectors(ctx: InitContext, stats: dict[str, Any]) -> _Vectors:
     # of both methods, or the head pass, trains fastText once
     tv = focus_token_vectors(ctx)
     stats["token_vectors_seconds"] = round(float(getattr(tv, "seconds", 0.0) or 0.0), 3)
-    ids = torch.as_tensor(tv.ids, dtype=torch.long).flatten()
-    vectors = torch.as_tensor(tv.vectors).to(torch.float32)
-    if vectors.ndim != 2 or vectors.shape[0] != len(ids):
-        raise SaltInputError(
-            f"token_vectors: {len(ids)} ids but vectors of shape {tuple(vectors.shape)}; expected one row per id."
-        )
+    ids, vectors = _as_rows(tv.ids, tv.vectors)
+    sub_ids, sub_vectors = ids[:0], vectors[:0]
+    if getattr(tv, "subword_ids", None) is not None and len(tv.subword_ids):
+        sub_ids, sub_vectors = _as_rows(tv.subword_ids, tv.subword_vectors)
+    ids, vectors = torch.cat([ids, sub_ids]), torch.cat([vectors, sub_vectors])
+    from_subwords = torch.arange(len(ids)) >= len(ids) - len(sub_ids)
     # an all-zero vector has cosine 0 with everything: sparsemax would spread over every shared token
     nonzero = vectors.norm(dim=1) > 0
-    return _Vectors(ids[nonzero], vectors[nonzero])
+    return _Vectors(ids[nonzero], vectors[nonzero], from_subwords[nonzero])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -286,18 +315,20 @@ def auxiliary_vectors(ctx: InitContext, stats: dict[str, Any]) -> _Vectors:
 class SaltCoefficients:
     """Everything about a SALT run that does not depend on the source matrix (shared by input and head passes)."""
 
-    matrix: torch.Tensor  # sparse [n_new, n_source]: row r of the result = matrix[r] @ E_s
+    matrix: torch.Tensor  # sparse [n_new, n_source]: row r of the result = matrix[r] @ (E_s - offset) + offset
     random_rows: list[int]  # positions in plan.new_ids that get Random rows
     stats: dict[str, Any]
 
 
-def salt_coefficients(ctx: InitContext) -> SaltCoefficients:
-    """Shared tokens, neighbours and least-squares coefficients for ``ctx.plan.new_ids``."""
+def salt_coefficients(ctx: InitContext, *, center: bool = False, method: str = "salt") -> SaltCoefficients:
+    """Shared tokens, neighbours and least-squares coefficients for ``ctx.plan.new_ids``.
+
+    ``center``: fit on E_t minus its mean row (``salt-centered``); the caller then applies the coefficients to
+    E_s minus its mean row and adds that mean back."""
     plan = ctx.plan
-    stats: dict[str, Any] = {"centered": centered(ctx)}
-    target_emb = target_embedding_matrix(ctx)
-    if centered(ctx):
-        target_emb = target_emb - target_emb.mean(dim=0)
+    stats: dict[str, Any] = {"centered": center}
+    plm = plm_rows(ctx, method)
+    target_emb = plm.embeddings - plm.embeddings.mean(dim=0) if center else plm.embeddings
     new_ids = torch.tensor(plan.new_ids, dtype=torch.long)
     n_new, n_source, n_target = len(new_ids), len(plan.source_tokens), len(plan.target_tokens)
     position = torch.full((n_target,), -1, dtype=torch.long)  # target id -> row in the result
@@ -310,18 +341,20 @@ def salt_coefficients(ctx: InitContext) -> SaltCoefficients:
     is_extra = torch.zeros(n_target, dtype=torch.bool)
     is_extra[list(extra)] = True
 
-    aux = auxiliary_vectors(ctx, stats)
+    aux = auxiliary_vectors(ctx, stats, method)
     start = time.perf_counter()
     keep = (aux.ids >= 0) & (aux.ids < n_target)
     vector_row = torch.full((n_target,), -1, dtype=torch.long)  # target id -> row in aux.vectors
     vector_row[aux.ids[keep]] = keep.nonzero().flatten()
     has_vector = vector_row >= 0
+    has_row = plm.row_of >= 0
     shared_ids = torch.tensor(sorted(shared), dtype=torch.long)
     # shared tokens that can be neighbours: a vector to compare with and a PLM row to fit on
-    anchors = shared_ids[(shared_ids < len(target_emb)) & has_vector[shared_ids]]
+    anchors = shared_ids[has_row[shared_ids] & has_vector[shared_ids]]
     todo = new_ids[~is_extra[new_ids]]
-    queries = todo[has_vector[todo]] if len(anchors) else todo[:0]
-    random_ids = todo[~has_vector[todo]] if len(anchors) else todo
+    placeable = has_vector[todo] & has_row[todo]
+    queries = todo[placeable] if len(anchors) else todo[:0]
+    random_ids = todo[~placeable] if len(anchors) else todo
     sizes = torch.zeros(0, dtype=torch.long)
     supports: list[torch.Tensor] = []
     weights: list[torch.Tensor] = []
@@ -335,7 +368,9 @@ def salt_coefficients(ctx: InitContext) -> SaltCoefficients:
 
     start = time.perf_counter()
     multi = (sizes >= 2).nonzero().flatten()
-    coefs, explained = batched_least_squares(target_emb, queries[multi], [supports[i] for i in multi.tolist()])
+    coefs, explained = batched_least_squares(
+        target_emb, plm.row_of[queries[multi]], [plm.row_of[supports[i]] for i in multi.tolist()]
+    )
     # a non-finite solve gives a NaN/inf share, which this test catches too
     bad = (~((explained >= MIN_EXPLAINED) & torch.isfinite(explained))).nonzero().flatten().tolist()
     for j in bad:  # degenerate fit: FOCUS's row, the sparsemax-weighted mean of the neighbours' source rows
@@ -357,16 +392,25 @@ def salt_coefficients(ctx: InitContext) -> SaltCoefficients:
         torch.stack([rows, cols]), vals, (n_new, n_source), check_invariants=True
     ).coalesce()
     stats["solve_seconds"] = round(time.perf_counter() - start, 3)
+    from_subwords = torch.zeros(n_target, dtype=torch.bool)
+    from_subwords[aux.ids[keep]] = aux.from_subwords[keep]
     stats.update(
         {
             "new": n_new,
             "shared_exact": len(plan.copied),
             "shared_whitespace_insensitive": len(extra),
+            "shared_with_plm_row": int(has_row[shared_ids].sum()),
             "anchors": len(anchors),
+            "anchors_with_subword_vector": int(from_subwords[anchors].sum()),
+            "queries": len(queries),
+            "queries_with_subword_vector": int(from_subwords[queries].sum()),
             "least_squares": len(multi) - len(bad),
             "single_neighbour": len(single),
             "degenerate_fallback": len(bad),
             "random_fallback": len(random_ids),
+            # why (a token may lack both): no fastText vector even from n-grams / no row in the PLM
+            "no_vector": int((~has_vector[todo]).sum()),
+            "no_plm_row": int((~has_row[todo]).sum()),
             "neighbours_mean": round(float(sizes.float().mean()), 3) if len(sizes) else 0.0,
             "neighbours_max": int(sizes.max()) if len(sizes) else 0,
             "explained_median": round(float(explained.median()), 4) if len(explained) else None,
@@ -375,23 +419,49 @@ def salt_coefficients(ctx: InitContext) -> SaltCoefficients:
     return SaltCoefficients(matrix, position[random_ids].tolist(), stats)
 
 
-def centered(ctx: InitContext) -> bool:
-    return bool(ctx.resources.get("salt_center", True))
+def _key(ctx: InitContext, center: bool) -> tuple:
+    resources = ctx.resources
+    return id(ctx.plan), id(resources.get("target_embeddings")), id(resources.get("token_vectors")), center
 
 
-def _key(ctx: InitContext) -> tuple[int, int, int]:
-    return id(ctx.plan), id(ctx.resources.get("target_embeddings")), id(ctx.resources.get("token_vectors"))
-
-
-def _cached_coefficients(ctx: InitContext) -> SaltCoefficients:
+def _cached_coefficients(ctx: InitContext, center: bool, method: str) -> SaltCoefficients:
     # the coefficients depend on the plan, E_t and the fastText vectors, not on the source matrix: computed once
     # per model, and the head pass of an untied model reuses them
     cached = ctx.resources.get(_CACHE)
-    if cached is None or cached[0] != _key(ctx):
-        coefficients = salt_coefficients(ctx)
-        ctx.resources[_CACHE] = (_key(ctx), coefficients)  # after: training may have added "token_vectors"
-        ctx.resources["salt_stats"] = dict(coefficients.stats)
+    if cached is None or cached[0] != _key(ctx, center):
+        coefficients = salt_coefficients(ctx, center=center, method=method)
+        ctx.resources[_CACHE] = (_key(ctx, center), coefficients)  # after: training may have added "token_vectors"
+        ctx.resources[stats_key(method)] = dict(coefficients.stats)
     return ctx.resources[_CACHE][1]
+
+
+def stats_key(method: str) -> str:
+    """Where a SALT method leaves its statistics: ``salt_stats``, ``salt_centered_stats``."""
+    return method.replace("-", "_") + "_stats"
+
+
+def salt_rows(source_matrix: torch.Tensor, ctx: InitContext, *, center: bool, method: str) -> torch.Tensor:
+    """The rows of ``ctx.plan.new_ids`` in the space of ``source_matrix`` (the body of ``salt`` and
+    ``salt-centered``)."""
+    src = source_rows(source_matrix, ctx)
+    coefficients = _cached_coefficients(ctx, center, method)
+    start = time.perf_counter()
+    src = src.to(torch.float64)
+    offset = src.mean(dim=0) if center else torch.zeros_like(src[0])
+    out = (torch.sparse.mm(coefficients.matrix, src - offset) + offset).to(torch.float32)
+    if coefficients.random_rows:  # the rows Random would give these tokens, from this space's statistics
+        out[coefficients.random_rows] = random_rows(source_matrix, ctx)[coefficients.random_rows]
+        if ctx.space == "input":  # once per model, not again for the head
+            s = coefficients.stats
+            warnings.warn(
+                f"{method}: {len(coefficients.random_rows)} of {len(ctx.plan.new_ids)} new tokens get Random rows "
+                f"({s['no_vector']} without a fastText vector, even from character n-grams; {s['no_plm_row']} not "
+                f"in the target PLM's vocabulary; {s['anchors']} anchors).",
+                stacklevel=3,
+            )
+    stats = ctx.resources.setdefault(stats_key(method), dict(coefficients.stats))
+    stats[f"{ctx.space}_rows_seconds"] = round(time.perf_counter() - start, 3)
+    return out
 
 
 @register(
@@ -401,20 +471,4 @@ def _cached_coefficients(ctx: InitContext) -> SaltCoefficients:
     reference="paper 001 §3 (SALT)",
 )
 def salt(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
-    src = source_rows(source_matrix, ctx)
-    coefficients = _cached_coefficients(ctx)
-    start = time.perf_counter()
-    src = src.to(torch.float64)
-    offset = src.mean(dim=0) if centered(ctx) else torch.zeros_like(src[0])
-    out = (torch.sparse.mm(coefficients.matrix, src - offset) + offset).to(torch.float32)
-    if coefficients.random_rows:  # the rows Random would give these tokens, from this space's statistics
-        out[coefficients.random_rows] = random_rows(source_matrix, ctx)[coefficients.random_rows]
-        if ctx.space == "input":  # once per model, not again for the head
-            warnings.warn(
-                f"salt: {len(coefficients.random_rows)} of {len(ctx.plan.new_ids)} new tokens get Random rows (no "
-                "fastText vector: a token needs minCount occurrences in the corpus; or no shared token has one).",
-                stacklevel=2,
-            )
-    stats = ctx.resources.setdefault("salt_stats", dict(coefficients.stats))
-    stats[f"{ctx.space}_rows_seconds"] = round(time.perf_counter() - start, 3)
-    return out
+    return salt_rows(source_matrix, ctx, center=False, method="salt")

@@ -29,17 +29,33 @@ MODELS = ("skipgram", "cbow")
 
 @dataclass
 class TokenVectors:
-    """fastText vectors for the target ids that got one (seen at least ``min_count`` times)."""
+    """fastText vectors for the target ids that got one (seen at least ``min_count`` times), and, apart from
+    them, subword vectors for the other target tokens (``subword_ids``/``subword_vectors``, see
+    :func:`subword_vectors`). FOCUS reads only the first kind (paper 002: rare tokens get Random rows); SALT reads
+    both (paper 001 §3, Step 1)."""
 
     ids: np.ndarray  # [n] int64 target ids, ascending
     vectors: np.ndarray  # [n, dim] float32, row i belongs to ids[i]
     seconds: float = 0.0  # tokenization + training time
+    subword_ids: np.ndarray | None = None  # [m] int64 target ids below minCount with a subword vector, ascending
+    subword_vectors: np.ndarray | None = None  # [m, dim] float32
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids, dtype=np.int64)
         self.vectors = np.asarray(self.vectors, dtype=np.float32)
         if self.vectors.ndim != 2 or len(self.ids) != len(self.vectors):
             raise ValueError(f"TokenVectors: {len(self.ids)} ids but vectors of shape {self.vectors.shape}.")
+        dim = self.vectors.shape[1]
+        self.subword_ids = np.asarray(self.subword_ids if self.subword_ids is not None else [], dtype=np.int64)
+        self.subword_vectors = np.asarray(
+            self.subword_vectors if self.subword_vectors is not None else np.zeros((0, dim)), dtype=np.float32
+        )
+        if self.subword_vectors.ndim != 2 or len(self.subword_ids) != len(self.subword_vectors):
+            raise ValueError(
+                f"TokenVectors: {len(self.subword_ids)} subword ids but vectors of shape {self.subword_vectors.shape}."
+            )
+        if np.intersect1d(self.ids, self.subword_ids).size:
+            raise ValueError("TokenVectors: a target id has both a trained and a subword vector.")
 
 
 class _Sentences:
@@ -141,4 +157,43 @@ def train_token_vectors(
     index = {w: i for i, w in enumerate(words) if w}
     tids = np.fromiter((index[w] for w in ft.wv.index_to_key), dtype=np.int64, count=len(ft.wv.index_to_key))
     order = np.argsort(tids)
-    return TokenVectors(tids[order], ft.wv.vectors[order], time.perf_counter() - t0)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    rare = [i for i, w in enumerate(words) if w and i not in special and w not in ft.wv.key_to_index]
+    sub_ids, sub_vectors = subword_vectors(ft.wv, [words[i] for i in rare])
+    return TokenVectors(
+        tids[order],
+        ft.wv.vectors[order],
+        time.perf_counter() - t0,
+        subword_ids=np.asarray(rare, dtype=np.int64)[sub_ids],
+        subword_vectors=sub_vectors,
+    )
+
+
+def subword_vectors(wv: Any, words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """fastText vectors of out-of-vocabulary ``words`` from their character n-grams: (positions in ``words`` that
+    got one, ``[len(positions), dim]`` float32).
+
+    The vector is fastText's ``get_word_vector`` of an unknown word: the mean of the vectors of its n-grams' hash
+    buckets. A word only gets one when at least one of those buckets was trained, i.e. belongs to an n-gram of a
+    word seen ``min_count`` times (fastText trains nothing else: rarer words are dropped from the corpus); a word
+    whose every bucket is still at its random initial value "cannot be formed via subword combinations" (paper
+    001 §3, Step 1) and gets none, rather than a vector of noise. Hash collisions count as trained, as in fastText.
+    """
+    from gensim.models.fasttext import ft_ngram_hashes
+
+    dim = wv.vectors_ngrams.shape[1] if wv.bucket else wv.vector_size
+    if not words or wv.bucket == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
+    trained = np.zeros(wv.bucket, dtype=bool)
+    for buckets in wv.buckets_word:
+        trained[np.asarray(buckets, dtype=np.int64)] = True
+    positions: list[int] = []
+    rows: list[np.ndarray] = []
+    for position, word in enumerate(words):
+        buckets = np.asarray(ft_ngram_hashes(word, wv.min_n, wv.max_n, wv.bucket), dtype=np.int64)
+        if len(buckets) and trained[buckets].any():
+            positions.append(position)
+            rows.append(wv.vectors_ngrams[buckets].mean(axis=0))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
+    return np.asarray(positions, dtype=np.int64), np.stack(rows).astype(np.float32)

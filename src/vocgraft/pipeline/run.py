@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vocgraft.eval.tasks import METRIC, TASKS
+from vocgraft.eval.tasks import METRICS, TASKS
 
 STAGE_FILE = "vocgraft-stage.json"
 
@@ -258,7 +258,7 @@ def _downstream(model_spec: str, config: dict) -> dict:
     result = evaluate_downstream(model_spec, spec)
     summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
     for t in result["tasks"]:
-        summary[t["task"]] = t[METRIC[t["task"]]]
+        summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}
     for g in result["generation"]:
         summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
         summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.init import method_options
-from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
+from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
+from vocgraft.tokenization.expand import expandable_family
 from vocgraft.tokenization.scripts import dominant_scripts
+from vocgraft.tokenization.spec import tokenizer_family
 
 # which auxiliary tokenizer kind can expand which source tokenizer family
 AUX_KIND_FOR = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe"}
@@ -38,15 +40,20 @@ class Expanded:
     scripts: list[str] | None = None  # the writing systems wanted tokens were restricted to
 
 
+def check_expandable(source_tokenizer) -> None:
+    """Refuse, before any work, a source tokenizer expansion cannot edit (WordPiece, Unigram, ...)."""
+    try:
+        expandable_family(source_tokenizer)
+    except ValueError as exc:
+        raise ExpandError(str(exc)) from None
+
+
 def train_aux_tokenizer(source_tokenizer, lines: Sequence[str], vocab_size: int, seed: int = 0):
     """An auxiliary tokenizer of the family that can expand ``source_tokenizer`` (same pre-tokenization)."""
-    family = tokenizer_kind(source_tokenizer)
-    if family not in AUX_KIND_FOR:
-        raise ExpandError(
-            f"expansion needs a byte-level or SentencePiece-style BPE source tokenizer; this one is {family}. "
-            "Use vocabulary replacement instead."
-        )
-    return train_tokenizer(lines, AUX_KIND_FOR[family], vocab_size, like=source_tokenizer, seed=seed)
+    check_expandable(source_tokenizer)
+    return train_tokenizer(
+        lines, AUX_KIND_FOR[tokenizer_family(source_tokenizer)], vocab_size, like=source_tokenizer, seed=seed
+    )
 
 
 def expand_loaded(
@@ -71,6 +78,7 @@ def expand_loaded(
     """
     if k <= 0:
         raise ExpandError(f"--new-tokens must be positive, got {k}.")
+    check_expandable(source_tokenizer)
     options = method_options(init, options)  # fail on a typo before any work
     timings = {}
     start = time.perf_counter()
@@ -127,7 +135,9 @@ def expand_model(
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
     check_method_inputs(init, method_inputs)
-    model, source_tokenizer = load_model(model_spec)
+    source_tokenizer = load_tokenizer(model_spec)
+    check_expandable(source_tokenizer)  # before the model is loaded
+    model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
     aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
     result = expand_loaded(
         model,
@@ -160,7 +170,15 @@ def expand_model(
             key: v
             for key, v in result.expansion.to_dict().items()
             if key
-            in ("added", "wanted", "intermediate_count", "first_new_id", "candidates_considered", "skipped_count")
+            in (
+                "added",
+                "wanted",
+                "intermediate_count",
+                "first_new_id",
+                "candidates_considered",
+                "skipped_count",
+                "skipped_reasons",
+            )
         },
         "timings": result.timings,
         "init_stats": result.stats,

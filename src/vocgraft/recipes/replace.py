@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocgraft.compat import add_extra_special_tokens
 from vocgraft.init import method_options
-from vocgraft.models import load_model, load_tokenizer, tokenizer_kind
+from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import train_tokenizer
+from vocgraft.tokenization.spec import tokenizer_family
 
+ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # the target tokenizer kind trained by default: the source's own family, so pre-tokenization stays familiar
 KIND_LIKE_SOURCE = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe", "unigram": "sp-unigram"}
 
@@ -36,17 +39,20 @@ class Replaced:
 
 
 def with_source_specials(source_tokenizer, target_tokenizer):
-    """The target tokenizer plus the source's special/control tokens it lacks (chat markers, EOS...), so that
-    they are copied by name rather than lost; roles (bos/eos/pad/unk) the target lacks are taken over too."""
+    """The target tokenizer in the source's conventions: the source's special and added tokens it lacks (chat
+    markers, control tokens) are added, so they are copied by name rather than lost; each role the source has
+    (bos, eos, unk, pad) is held by the source's own token, so the model still ends its text with the token it was
+    trained to end with; the source's chat template replaces the target's."""
     from vocgraft.plan import missing_special_tokens
 
     missing = missing_special_tokens(source_tokenizer, target_tokenizer)
     if missing:
-        target_tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
-    for role in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        if getattr(target_tokenizer, role, None) is None and getattr(source_tokenizer, role, None) is not None:
-            setattr(target_tokenizer, role, getattr(source_tokenizer, role))
-    if getattr(target_tokenizer, "chat_template", None) is None and getattr(source_tokenizer, "chat_template", None):
+        add_extra_special_tokens(target_tokenizer, missing)
+    for role in ROLES:
+        token = getattr(source_tokenizer, role, None)
+        if token is not None and getattr(target_tokenizer, role, None) != token:
+            setattr(target_tokenizer, role, token)
+    if getattr(source_tokenizer, "chat_template", None):
         target_tokenizer.chat_template = source_tokenizer.chat_template
     return target_tokenizer
 
@@ -55,15 +61,16 @@ def target_tokenizer_for(
     source_tokenizer, lines: Sequence[str], given=None, *, kind: str | None, vocab_size: int, seed: int = 0
 ):
     """The tokenizer that replaces the source's: ``given``, or one trained on ``lines`` (by default of the
-    source's own family), plus the source's special tokens it lacks."""
+    source's own family, resembling the source: its pre-tokenization or SentencePiece layout and its special
+    tokens), plus the source's special tokens and roles (:func:`with_source_specials`)."""
     if given is None:
-        kind = kind or KIND_LIKE_SOURCE.get(tokenizer_kind(source_tokenizer))
+        family = tokenizer_family(source_tokenizer)
+        kind = kind or KIND_LIKE_SOURCE.get(family)
         if kind is None:
-            raise ReplaceError(
-                f"no default target tokenizer kind for a {tokenizer_kind(source_tokenizer)} source; "
-                "pass --kind or --tokenizer."
-            )
-        like = source_tokenizer if kind == "bytelevel-bpe" else None
+            raise ReplaceError(f"no default target tokenizer kind for a {family} source; pass --kind or --tokenizer.")
+        # a byte-level target can only copy a byte-level source's pipeline; SentencePiece kinds take any source's
+        # special-token strings (and a SentencePiece source's whole layout)
+        like = source_tokenizer if kind != "bytelevel-bpe" or family == "byte-level-bpe" else None
         given = train_tokenizer(lines, kind, vocab_size, like=like, seed=seed)
     return with_source_specials(source_tokenizer, given)
 

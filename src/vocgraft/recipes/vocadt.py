@@ -2,7 +2,8 @@
 
 target tokenizer (given, or trained on the corpus mix) -> plan (overlap by canonical bytes) -> adapter A0 per
 matrix -> adapter training with the LAPT trainer (strategy ``vocadt``: only A trains) -> ``A @ E_old`` grafted
-into a plain model with the new vocabulary.
+into a plain model with the new vocabulary. ``adapters="separate"`` (the paper's form) saves a tied source as an
+untied model; ``"shared"`` keeps it tied.
 
     vocadt_model(VocadtSettings(alpha=0.1), TrainConfig(model="smollm2", corpus="el.txt", out="out/el-vocadt"))
 """
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 from vocgraft.train.data import TrainingError
 from vocgraft.train.lapt import PreparedModel, TrainConfig, train
 
+# measured in benchmarks/results/vocadt.md (SmolLM2, el and hi, same budget): see README
+DEFAULT_ADAPTERS = "separate"
+
 
 @dataclass
 class VocadtSettings:
@@ -24,7 +28,7 @@ class VocadtSettings:
     vocab_size: int = 50000
     alpha: float = 0.1  # aux-loss weight; paper 004: 0.1 for non-Latin scripts, 0 for Latin
     candidates: int | None = 64  # K nearest old rows per new row (sparse form); None: the dense adapter
-    untie_head: bool = False  # tied source: give the head its own adapter (the saved model is then untied)
+    adapters: str = DEFAULT_ADAPTERS  # separate input and output adapters (the paper's) or one shared adapter
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -38,10 +42,19 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     from vocgraft.outdir import check_writable
     from vocgraft.plan import VocabPlan
     from vocgraft.recipes.replace import target_tokenizer_for
-    from vocgraft.surgery import graft, untie_head
+    from vocgraft.surgery import graft
     from vocgraft.train.strategies import ADAPTERS
-    from vocgraft.train.vocadt import adapter_memory, adapter_start, attach_adapters, aux_loss, merged_weights
+    from vocgraft.train.vocadt import (
+        ADAPTER_FORMS,
+        adapter_memory,
+        adapter_start,
+        attach_adapters,
+        aux_loss,
+        merged_weights,
+    )
 
+    if settings.adapters not in ADAPTER_FORMS:
+        raise TrainingError(f"--adapters must be one of {', '.join(ADAPTER_FORMS)}; got {settings.adapters!r}.")
     if settings.alpha < 0:
         raise TrainingError(f"--alpha must be >= 0; got {settings.alpha}.")
     if config.objective != "clm":
@@ -61,22 +74,28 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
 
     start = time.perf_counter()
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if settings.untie_head and head is not None and head.weight is emb.weight:
-        untie_head(model)
     tied = head is not None and head.weight is emb.weight
     build = dict(candidates=settings.candidates, seed=config.seed)
     input_start = adapter_start(emb.weight, plan, source_tokenizer, target, **build)
-    head_start = None if tied or head is None else adapter_start(head.weight, plan, source_tokenizer, target, **build)
+    if settings.adapters == "shared" or head is None:
+        head_start = None
+    elif tied:  # the head's space is the input matrix: the same start, a separate adapter (built once)
+        head_start = input_start
+    else:
+        head_start = adapter_start(head.weight, plan, source_tokenizer, target, **build)
     adapters = attach_adapters(model, input_start, head_start)
     timings["adapter_init_seconds"] = time.perf_counter() - start
 
     width = input_start.weight.shape[1] if settings.candidates is not None else None
     facts = {
         "form": "dense" if settings.candidates is None else "sparse",
-        "adapters": len(adapters),
+        "adapters": settings.adapters,
+        "adapter_modules": len(adapters),
+        "tied_source": tied,
         "width": width,
         "rows_started_as": input_start.counts,
-        "overlap": len(plan.copied),
+        "one_hot_by_match_kind": plan.match_counts(),
+        "aux_loss_rows": len(input_start.overlap_rows),  # the shared vocabulary (SHARED_KINDS)
         "memory": adapter_memory(len(plan.target_tokens), len(plan.source_tokens), width, adapters=len(adapters)),
         "timings": timings,
     }

@@ -23,13 +23,15 @@ such tokens must share. Partial UTF-8 has no fuzzy form: bytes that are not text
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from vocgraft.tokenization.ids import id_range
+from vocgraft.tokenization.spec import backend_of, family_of_spec, find_node, tokenizer_spec
 
 FAMILIES = ("byte-level-bpe", "sentencepiece-bpe", "unigram", "wordpiece")
 SP_SPACE = "\u2581"  # ▁
@@ -165,56 +167,18 @@ def surface_text(canonical: bytes) -> str:
 # per-tokenizer view, cached
 
 
-def _backend(tokenizer: Any):
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} is a slow tokenizer; vocgraft needs a fast one (tokenizer.json). "
-            "Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
-        )
-    return backend
-
-
 def tokenizer_family(tokenizer: Any) -> str:
     """One of ``FAMILIES``; ValueError for anything else."""
     return _view(tokenizer).family
 
 
-def _family_of_spec(spec: dict) -> str:
-    """The family named by a tokenizer.json, as ``vocgraft.models.tokenizer_kind`` names it (a test keeps the
-    two in step); here so that a view parses its tokenizer's JSON once, not once per question."""
-    model_type = spec["model"].get("type")
-    if model_type == "BPE":
-        if _find(spec.get("pre_tokenizer"), "ByteLevel") or _find(spec.get("decoder"), "ByteLevel"):
-            return "byte-level-bpe"
-        return "sentencepiece-bpe"
-    return {"Unigram": "unigram", "WordPiece": "wordpiece"}.get(model_type, f"other ({model_type})")
-
-
-def _find(node: Any, type_name: str) -> dict | None:
-    """The first node of ``type_name`` in a tokenizer.json component tree."""
-    if isinstance(node, dict):
-        if node.get("type") == type_name:
-            return node
-        children = node.values()
-    elif isinstance(node, list):
-        children = node
-    else:
-        return None
-    for child in children:
-        found = _find(child, type_name)
-        if found is not None:
-            return found
-    return None
-
-
 def _space_marker(spec: dict) -> str:
     # Metaspace (newer SentencePiece conversions) names its replacement; Llama-2 style: a Replace normalizer
     for part in ("pre_tokenizer", "decoder", "normalizer"):
-        node = _find(spec.get(part), "Metaspace")
+        node = find_node(spec.get(part), "Metaspace")
         if node and node.get("replacement"):
             return node["replacement"]
-    node = _find(spec.get("normalizer"), "Replace")
+    node = find_node(spec.get("normalizer"), "Replace")
     if node and node.get("pattern", {}).get("String") == " " and node.get("content"):
         return node["content"]
     return SP_SPACE
@@ -224,9 +188,9 @@ class _View:
     """Everything about one tokenizer that canonicalization and encoding need, computed once."""
 
     def __init__(self, tokenizer: Any) -> None:
-        backend = _backend(tokenizer)
-        spec = json.loads(backend.to_str())
-        self.family = _family_of_spec(spec)
+        backend = backend_of(tokenizer)
+        spec = tokenizer_spec(tokenizer)
+        self.family = family_of_spec(spec)
         if self.family not in FAMILIES:
             raise ValueError(f"unsupported tokenizer type: {self.family}; vocgraft handles {', '.join(FAMILIES)}.")
         model = spec["model"]
@@ -235,7 +199,7 @@ class _View:
             prefix = None
         self.rules = Rules(self.family, _space_marker(spec), prefix)
         self.model = backend.model
-        self.size = len(tokenizer)
+        self.size = id_range(tokenizer)  # unused ids inside the range have no token: None
         self.vocab: dict[str, int] = backend.get_vocab(with_added_tokens=False)
         special = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
         special |= set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -339,7 +303,7 @@ _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _view(tokenizer: Any) -> _View:
     """The cached view; rebuilt when the tokenizer's length or backend changed (tokens were added)."""
-    key = (len(tokenizer), id(_backend(tokenizer)))
+    key = (len(tokenizer), id(backend_of(tokenizer)))
     try:
         cached = _VIEWS.get(tokenizer)
     except TypeError:  # not weak-referenceable: no caching
@@ -359,7 +323,7 @@ def tokenizer_rules(tokenizer: Any) -> Rules:
 
 
 def canonical_tokens(tokenizer: Any) -> list[bytes | None]:
-    """Canonical bytes per id ``0 .. len(tokenizer) - 1``; None for special/added tokens and unused ids."""
+    """Canonical bytes per id ``0 .. id_range(tokenizer) - 1``; None for special/added tokens and unused ids."""
     return list(_view(tokenizer).canonical)
 
 

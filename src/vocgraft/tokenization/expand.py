@@ -23,7 +23,7 @@ import json
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from vocgraft.progress import progress
 from vocgraft.tokenization.bpe import BPEModel, parse_merges
 from vocgraft.tokenization.canonical import canonical_form
+from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import make_portable
-from vocgraft.tokenization.scripts import in_scripts
-from vocgraft.tokenization.train import BYTE_PIECE, _is_bytelevel
+from vocgraft.tokenization.scripts import bytes_in_scripts, in_scripts
+from vocgraft.tokenization.spec import is_bytelevel, tokenizer_spec
+from vocgraft.tokenization.train import BYTE_PIECE
 
 BYTE_LEVEL = "byte-level"
 SENTENCEPIECE = "sentencepiece"
@@ -64,6 +66,7 @@ class Expansion:
     first_new_id: int = 0
     # candidates outside the wanted scripts, or whose merge path did not fit or was refused by ``protect``
     skipped: list[str] = field(default_factory=list)
+    skipped_reasons: dict[str, int] = field(default_factory=dict)  # SKIP_REASONS -> how many candidates
 
     @property
     def new_ids(self) -> list[int]:
@@ -83,6 +86,7 @@ class Expansion:
             "first_new_id": self.first_new_id,
             "candidates_considered": self.candidates_considered,
             "skipped_count": len(self.skipped),
+            "skipped_reasons": dict(self.skipped_reasons),
             "new_tokens": list(self.new_tokens),
             "intermediates": list(self.intermediates),
             "merges": [list(m) for m in self.merges],
@@ -94,13 +98,7 @@ class Expansion:
 
 
 def _spec(tokenizer: Any, role: str) -> dict:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ValueError(
-            f"the {role} tokenizer is a slow tokenizer ({type(tokenizer).__name__}); expansion edits "
-            "tokenizer.json, so load it as a fast tokenizer (AutoTokenizer.from_pretrained(...))."
-        )
-    return json.loads(backend.to_str())
+    return tokenizer_spec(tokenizer, f"the {role}")
 
 
 def bpe_family(spec: dict) -> str | None:
@@ -108,7 +106,7 @@ def bpe_family(spec: dict) -> str | None:
     model = spec.get("model", {})
     if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return None
-    if _is_bytelevel(spec):
+    if is_bytelevel(spec):
         return BYTE_LEVEL
     if any(token.startswith("▁") for token in model.get("vocab", {})):
         return SENTENCEPIECE
@@ -129,14 +127,26 @@ def _describe(spec: dict) -> str:
     )
 
 
+def expandable_family(source_tokenizer: Any) -> str:
+    """The BPE family of a source tokenizer expansion can edit; a ValueError saying what to do otherwise."""
+    spec = _spec(source_tokenizer, "source")
+    family = bpe_family(spec)
+    if family is None:
+        raise ValueError(
+            f"cannot expand a {_describe(spec)} tokenizer: expansion inserts BPE merges, which needs a byte-level "
+            "BPE (GPT-2, Llama-3, Qwen, SmolLM, NeoX) or SentencePiece-style BPE (Llama-2, Mistral, Phi-3, Gemma) "
+            "source. Swap the tokenizer with `vocgraft replace` instead."
+        )
+    return family
+
+
 def _check_pair(source_spec: dict, aux_spec: dict) -> str:
     """The shared family of a supported (source, auxiliary) pair; a ValueError saying what to do otherwise."""
     source, aux = bpe_family(source_spec), bpe_family(aux_spec)
     if source is None:
         raise ValueError(
-            f"cannot expand a {_describe(source_spec)} source tokenizer: expansion inserts BPE merges and "
-            "supports byte-level BPE (GPT-2, Llama-3, Qwen, SmolLM) and SentencePiece-style BPE (Llama-2, "
-            "Mistral) sources. Use vocabulary replacement for other tokenizers."
+            f"cannot expand a {_describe(source_spec)} source tokenizer: expansion inserts BPE merges; use "
+            "`vocgraft replace` for other tokenizers."
         )
     if aux != source:
         kind = "bytelevel-bpe (with like=the source tokenizer)" if source == BYTE_LEVEL else "sp-bpe"
@@ -248,6 +258,16 @@ def _protected(source_tokenizer: Any, lines: Iterable[str] | None, ignore_merges
     return found
 
 
+# why a candidate was not added
+SKIP_REASONS = {
+    "script": "the token has no letter of the wanted scripts",
+    "merge-outside-scripts": "a merge of its path joins only text outside the wanted scripts (punctuation, joiners)",
+    "budget": "its merge path needs more rows than the budget has left",
+    "protect": "a merge of its path would change the protected text",
+    "added-token": "its path needs a vocab entry equal to one of the source's added tokens",
+}
+
+
 class _Planner:
     """Adds, for one token at a time, the vocab entries and merges that make it a single piece."""
 
@@ -258,6 +278,7 @@ class _Planner:
         aux_vocab: Iterable[str],
         forbidden: set[str],
         protected: _Protected,
+        merges_allowed: Callable[[str, list[tuple[str, str]]], bool] | None = None,
     ):
         self.engine = engine
         # merged string -> the left parts of the aux merges that make it, best rank first
@@ -267,12 +288,15 @@ class _Planner:
         self.aux_vocab = set(aux_vocab)
         self.forbidden = forbidden  # strings that may not become model vocab entries (source added tokens)
         self.protected = protected
+        self.merges_allowed = merges_allowed  # (token, its new merges) -> whether they may be added
 
-    def add(self, token: str, budget: int) -> list[str] | None:
-        """Make ``token`` reachable with at most ``budget`` new rows: the new strings in id order, or None."""
+    def add(self, token: str, budget: int) -> tuple[list[str] | None, str | None]:
+        """Make ``token`` reachable with at most ``budget`` new rows: (the new strings in id order, None), or
+        (None, the reason it cannot be: a key of SKIP_REASONS)."""
         engine = self.engine
         mark = engine.checkpoint()
         created: list[str] = []
+        reason = "budget"
         # each round applies at least one new merge to the pieces, so len(token) rounds always suffice; a
         # second round is only needed when earlier new merges fire on this token's intermediates before its
         # own do
@@ -281,16 +305,23 @@ class _Planner:
             for piece in pieces:
                 if piece not in engine.vocab:  # a character the source has no entry for (byte fallback / unk)
                     self._create(piece, created)
-            if len(created) > budget or any(s in self.forbidden for s in created):
+            if len(created) > budget:
+                break
+            if any(s in self.forbidden for s in created):
+                reason = "added-token"
                 break
             if len(pieces) == 1:
                 merges = [item for kind, item in engine.added_since(mark) if kind == "merge"]
                 if not self.protected.allows(merges, created):  # type: ignore[arg-type]
+                    reason = "protect"
                     break
-                return created
+                if self.merges_allowed is not None and not self.merges_allowed(token, merges):  # type: ignore[arg-type]
+                    reason = "merge-outside-scripts"
+                    break
+                return created, None
             self._combine(pieces, created)
         engine.rollback(mark)
-        return None
+        return None, reason
 
     def _create(self, text: str, created: list[str]) -> None:
         self.engine.add_token(text)
@@ -373,8 +404,8 @@ def expand_tokenizer(
     e.g. ``{"DEVANAGARI"}``; other candidates (English words, numbers, punctuation runs of the target corpus) are
     skipped. None: no restriction.
 
-    New ids are contiguous from ``len(source_tokenizer)``, or from one past the largest id in use if that is
-    larger (a vocabulary with unused ids below its largest one); ``Expansion.first_new_id`` says which.
+    New ids are contiguous from one past the largest id in use (``id_range``: a vocabulary with unused ids below
+    its largest one continues after it); ``Expansion.first_new_id`` says where.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise ValueError(f"k must be a non-negative integer (the number of vocabulary rows to add), got {k!r}.")
@@ -387,21 +418,25 @@ def expand_tokenizer(
     engine = BPEModel(model["vocab"], parse_merges(model["merges"]), ignore_merges=bool(model.get("ignore_merges")))
     added_contents = {t["content"] for t in source_spec.get("added_tokens", [])}
     protected = _protected(source_tokenizer, protect, engine.ignore_merges)
+    rules = "byte-level-bpe" if family == BYTE_LEVEL else "sentencepiece-bpe"
+    wanted_scripts = None if scripts is None else set(scripts)
     planner = _Planner(
         engine,
         parse_merges(aux_spec["model"]["merges"]),
         aux_spec["model"]["vocab"],
         added_contents - set(model["vocab"]),
         protected,
+        None
+        if wanted_scripts is None
+        else lambda token, merges: _merges_in_scripts(token, merges, rules, wanted_scripts),
     )
 
     start = engine.checkpoint()
     intermediates: set[str] = set()
     skipped: list[str] = []
+    reasons: Counter[str] = Counter()
     considered = 0
     added = 0
-    rules = "byte-level-bpe" if family == BYTE_LEVEL else "sentencepiece-bpe"
-    wanted_scripts = None if scripts is None else set(scripts)
     bar = progress(total=k, desc="expanding", unit="token", disable=not show_progress)
     for token, _count in ranked:
         if added >= k:
@@ -412,10 +447,12 @@ def expand_tokenizer(
             continue
         if wanted_scripts is not None and not in_scripts(canonical_form(token, rules), wanted_scripts):
             skipped.append(token)
+            reasons["script"] += 1
             continue
-        created = planner.add(token, k - added)
+        created, reason = planner.add(token, k - added)
         if created is None:
             skipped.append(token)
+            reasons[reason] += 1
             continue
         intermediates.update(s for s in created if s != token)
         added += len(created)
@@ -424,16 +461,16 @@ def expand_tokenizer(
     if added < k:
         warnings.warn(
             f"only {added} of k={k} new tokens could be added: the auxiliary tokenizer has no more tokens "
-            f"absent from the source on these lines ({len(skipped)} more were skipped for their script or for "
-            "`protect`); train it with a larger vocab_size or give more lines. The source's pre-tokenizer bounds "
-            "this too: a new token never crosses the pre-token boundaries it draws.",
+            f"absent from the source on these lines ({len(skipped)} more were skipped: {_describe_skips(reasons)}); "
+            "train it with a larger vocab_size or give more lines. The source's pre-tokenizer bounds this too: a "
+            "new token never crosses the pre-token boundaries it draws.",
             stacklevel=2,
         )
 
     log = engine.added_since(start)
     new_tokens = [item for kind, item in log if kind == "vocab"]
     new_merges = [item for kind, item in log if kind == "merge"]
-    first_new_id = _first_free_id(source_tokenizer, source_spec)
+    first_new_id = id_range(source_tokenizer)
     tokenizer = _build(source_tokenizer, source_spec, new_tokens, new_merges, first_new_id)
     return Expansion(
         tokenizer=tokenizer,
@@ -443,13 +480,30 @@ def expand_tokenizer(
         candidates_considered=considered,
         first_new_id=first_new_id,
         skipped=skipped,
+        skipped_reasons={key: reasons[key] for key in SKIP_REASONS if reasons[key]},
     )
 
 
-def _first_free_id(source_tokenizer: Any, spec: dict) -> int:
-    """len(tokenizer), unless an id at or past it is already taken (a vocabulary with holes)."""
-    used = list(spec["model"]["vocab"].values()) + [t["id"] for t in spec.get("added_tokens", [])]
-    return max(len(source_tokenizer), max(used, default=-1) + 1)
+def _describe_skips(reasons: Counter[str]) -> str:
+    return "; ".join(f"{n} because {SKIP_REASONS[key]}" for key, n in reasons.items() if n) or "none"
+
+
+def _merges_in_scripts(token: str, merges: list[tuple[str, str]], rules: str, scripts: set[str]) -> bool:
+    """Whether every new merge of ``token``'s path joins text that has a character of ``scripts``.
+
+    A merge is checked where its result stands inside the token: the merge of ``’`` (``âĢ`` + ``Ļ``) on the path
+    of a Hindi token ``ं’`` covers only the quote, and would fire on every ``’`` of English text.
+    """
+    data = canonical_form(token, rules)
+    inside = bytes_in_scripts(data, scripts)
+    for left, right in merges:
+        part = canonical_form(left + right, rules)
+        at = data.find(part)
+        while at >= 0 and not any(inside[at : at + len(part)]):
+            at = data.find(part, at + 1)
+        if at < 0:
+            return False
+    return True
 
 
 def _build(

@@ -50,3 +50,62 @@ def in_scripts(canonical: bytes, scripts: set[str]) -> bool:
     if not text.strip() and any(b >= 0x80 for b in canonical):
         return True
     return any(char_script(ch) in scripts for ch in text)
+
+
+def bytes_in_scripts(canonical: bytes, scripts: set[str]) -> list[bool]:
+    """Per byte of a token's text: whether it belongs to a character of ``scripts``.
+
+    A character cut off at the token's end (a lead byte and some continuation bytes) belongs to ``scripts`` when
+    every letter or mark it could complete to does (``E0 A4`` can only become Devanagari; ``E2 80`` only general
+    punctuation); continuation bytes cut off at the start could be part of any character and never count.
+    """
+    flags = [False] * len(canonical)
+    pos = 0
+    while pos < len(canonical):
+        width = _utf8_width(canonical[pos])
+        chunk = canonical[pos : pos + width]
+        if width == 0:  # a stray continuation byte
+            pos += 1
+            continue
+        if len(chunk) == width:
+            try:
+                inside = char_script(chunk.decode("utf-8")) in scripts
+            except UnicodeDecodeError:
+                inside, width = False, 1
+        else:  # the token ends inside this character
+            inside = _prefix_in_scripts(chunk, width, scripts)
+        flags[pos : pos + len(chunk[:width])] = [inside] * len(chunk[:width])
+        pos += width
+    return flags
+
+
+def _utf8_width(lead: int) -> int:
+    """Bytes of the UTF-8 character that starts with ``lead``; 0 for a continuation byte."""
+    if lead < 0x80:
+        return 1
+    if lead < 0xC0:
+        return 0
+    return 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+
+
+PREFIX_SCAN_LIMIT = 4096  # completions of a character prefix worth scanning (a lone 4-byte lead has 2^18)
+
+
+def _prefix_in_scripts(prefix: bytes, width: int, scripts: set[str]) -> bool:
+    missing = width - len(prefix)
+    if 64**missing > PREFIX_SCAN_LIMIT:
+        return False
+    found = False
+    for tail in range(64**missing):
+        rest = bytes(0x80 | ((tail >> (6 * i)) & 0x3F) for i in reversed(range(missing)))
+        try:
+            ch = (prefix + rest).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        script = char_script(ch)
+        if script is None:
+            continue
+        if script not in scripts:
+            return False
+        found = True
+    return found

@@ -38,6 +38,7 @@ from transformers import PreTrainedTokenizerFast
 
 from vocgraft.outdir import atomic_output_dir, write_manifest
 from vocgraft.tokenization.portable import save_portable
+from vocgraft.tokenization.spec import is_bytelevel, tokenizer_spec
 
 TOKENIZER_KINDS = ("bytelevel-bpe", "sp-bpe", "sp-unigram")
 SENTENCEPIECE_FILE = "sentencepiece.model"
@@ -69,8 +70,10 @@ def train_tokenizer(
     """Train a ``kind`` tokenizer of ``vocab_size`` entries (special and byte pieces included) on ``lines``.
 
     ``like``: an HF tokenizer to resemble. For ``bytelevel-bpe`` it must be byte-level BPE; its
-    pre-tokenization pipeline and special tokens are copied. For the SentencePiece kinds only its
-    unk/bos/eos/pad names are used. ``seed`` makes training reproducible (BPE training is deterministic;
+    pre-tokenization pipeline and special tokens are copied. For the SentencePiece kinds its unk/bos/eos/pad
+    strings become the control pieces (:func:`sentencepiece_roles`); a SentencePiece-style ``like`` also lends its
+    whole pipeline (dummy prefix or not, add-BOS or not) and its special and added tokens.
+    ``seed`` makes training reproducible (BPE training is deterministic;
     SentencePiece gets the seed for its RNG).
     """
     if kind not in TOKENIZER_KINDS:
@@ -107,24 +110,7 @@ class _non_empty:
 
 
 def _backend_json(tokenizer: Any) -> dict:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ValueError(f"like= needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}.")
-    return json.loads(backend.to_str())
-
-
-def _mentions(node: Any, type_name: str) -> bool:
-    if isinstance(node, dict):
-        return node.get("type") == type_name or any(_mentions(v, type_name) for v in node.values())
-    if isinstance(node, list):
-        return any(_mentions(v, type_name) for v in node)
-    return False
-
-
-def _is_bytelevel(spec: dict) -> bool:
-    return spec["model"].get("type") == "BPE" and (
-        _mentions(spec.get("pre_tokenizer"), "ByteLevel") or _mentions(spec.get("decoder"), "ByteLevel")
-    )
+    return tokenizer_spec(tokenizer, "like=")
 
 
 def _special_names(tokenizer: Any) -> dict[str, str]:
@@ -158,7 +144,7 @@ def _train_bytelevel(
 ) -> PreTrainedTokenizerFast:
     if like is not None:
         spec = _backend_json(like)
-        if not _is_bytelevel(spec):
+        if not is_bytelevel(spec):
             raise ValueError(
                 "like= must be a byte-level BPE tokenizer for kind 'bytelevel-bpe' "
                 f"(its model is {spec['model'].get('type')} without a ByteLevel pre-tokenizer); "
@@ -213,29 +199,65 @@ def _component(part: str, node: dict) -> Any:
 # ---------------------------------------------------------------------------------------------- SentencePiece
 
 
+ROLES = ("unk_token", "bos_token", "eos_token", "pad_token")
+_SP_DEFAULT_NAMES = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+
+
+def sentencepiece_roles(like: Any = None) -> tuple[dict[str, str], dict[str, str]]:
+    """(control pieces SentencePiece trains with, HF role -> token string).
+
+    Without ``like``: Llama-2's ``<unk> <s> </s>``. With ``like``: its own roles and strings, so the new tokenizer
+    speaks the source's conventions (Phi-3's eos is ``<|endoftext|>``, Gemma's bos ``<bos>``); a role it lacks stays
+    absent (Qwen has no bos) except unk, which SentencePiece always needs. SentencePiece wants one distinct piece
+    per role: a role whose string another role already has (pad = eos in Phi-3, pad = unk in some Llama-2
+    fine-tunes) gets no piece of its own and names the shared one.
+    """
+    names = dict(_SP_DEFAULT_NAMES) if like is None else _special_names(like)
+    names.setdefault("unk_token", "<unk>" if "<unk>" not in names.values() else "<vocgraft-unk>")
+    pieces: dict[str, str] = {}
+    for role in ROLES:
+        if role in names and names[role] not in pieces.values():
+            pieces[role] = names[role]
+    return pieces, {role: names[role] for role in ROLES if role in names}
+
+
+def _dummy_prefix(like: Any) -> bool:
+    """Whether ``like`` starts the first word with ``▁`` (Llama-2, Phi-3 do; Gemma does not)."""
+    if like is None or not _is_sentencepiece_layout(like):
+        return True
+    tokens = like.backend_tokenizer.encode("a", add_special_tokens=False).tokens
+    return bool(tokens) and tokens[0].startswith("\u2581")
+
+
+def _is_sentencepiece_layout(tokenizer: Any) -> bool:
+    """A fast tokenizer whose pipeline is SentencePiece's (``▁`` for spaces, not byte-level): its normalizer,
+    pre-tokenizer, decoder and post-processor can carry a new SentencePiece model."""
+    spec = _backend_json(tokenizer)
+    return not is_bytelevel(spec) and spec["model"].get("type") in ("BPE", "Unigram")
+
+
 def _train_sentencepiece(
     lines: Iterable[str], kind: str, vocab_size: int, *, like: Any, seed: int, show_progress: bool
 ) -> PreTrainedTokenizerFast:
     import sentencepiece as spm
 
-    names = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
-    if like is not None:
-        names.update(_special_names(like))
-    # the three control pieces plus 256 byte pieces come before any learned piece
-    minimum = 3 + 256 + (1 if "pad_token" in names else 0) + 1
+    pieces, names = sentencepiece_roles(like)
+    # the control pieces plus 256 byte pieces come before any learned piece
+    minimum = len(pieces) + 256 + 1
     if vocab_size < minimum:
         raise ValueError(
-            f"vocab_size={vocab_size} is too small for {kind}: it needs <unk>/<s>/</s>, 256 byte-fallback "
-            f"pieces and the characters of the corpus; use vocab_size >= {minimum} (several hundred more in "
-            "practice)."
+            f"vocab_size={vocab_size} is too small for {kind}: it needs {', '.join(pieces.values())}, 256 "
+            f"byte-fallback pieces and the characters of the corpus; use vocab_size >= {minimum} (several hundred "
+            "more in practice)."
         )
+    ids = {role: i for i, role in enumerate(pieces)}
     options: dict[str, Any] = {
         "model_type": "bpe" if kind == "sp-bpe" else "unigram",
         "vocab_size": vocab_size,
         "byte_fallback": True,  # no text is ever <unk>: exact round-trips
         "normalization_rule_name": "identity",  # NFKC would change text and break round-trips
         "remove_extra_whitespaces": False,
-        "add_dummy_prefix": True,
+        "add_dummy_prefix": _dummy_prefix(like),
         "split_digits": True,
         "allow_whitespace_only_pieces": True,
         "character_coverage": 0.9995,
@@ -244,17 +266,13 @@ def _train_sentencepiece(
         "input_sentence_size": 0,
         "shuffle_input_sentence": False,
         "num_threads": 1,
-        "unk_id": 0,
-        "bos_id": 1,
-        "eos_id": 2,
-        "pad_id": 3 if "pad_token" in names else -1,
-        "unk_piece": names["unk_token"],
-        "bos_piece": names["bos_token"],
-        "eos_piece": names["eos_token"],
         "minloglevel": 0 if show_progress else 2,
     }
-    if "pad_token" in names:
-        options["pad_piece"] = names["pad_token"]
+    for role in ROLES:
+        short = role.removesuffix("_token")
+        options[f"{short}_id"] = ids.get(role, -1)
+        if role in pieces:
+            options[f"{short}_piece"] = pieces[role]
     if kind == "sp-unigram":
         # HF's Unigram (unlike SentencePiece) lets Viterbi match literal "<0x41>" text to a byte piece when a
         # character of it has no piece of its own; keeping these characters in the vocabulary always wins
@@ -268,16 +286,22 @@ def _train_sentencepiece(
             f"SentencePiece could not train a {kind} tokenizer with vocab_size={vocab_size}: {exc}"
         ) from None
     proto = writer.getvalue()
-    tokenizer = sentencepiece_to_fast(proto, names)
+    layout = like if like is not None and _is_sentencepiece_layout(like) else None
+    tokenizer = sentencepiece_to_fast(proto, names, layout=layout)
     setattr(tokenizer, _SP_MODEL_ATTR, proto)
     return tokenizer
 
 
-def sentencepiece_to_fast(proto: bytes, names: dict[str, str] | None = None) -> PreTrainedTokenizerFast:
+def sentencepiece_to_fast(
+    proto: bytes, names: dict[str, str] | None = None, *, layout: Any = None
+) -> PreTrainedTokenizerFast:
     """Convert a serialized SentencePiece BPE or Unigram model (trained as above) to an HF fast tokenizer.
 
-    Llama-2 layout: the normalizer prepends ``▁`` and replaces spaces by ``▁``; the decoder undoes it, turns
-    ``<0xNN>`` pieces back into bytes and strips the dummy prefix; the post-processor adds the BOS token.
+    ``layout``: a SentencePiece-style tokenizer whose pipeline to wear (normalizer, pre-tokenizer, decoder,
+    post-processor with its special tokens re-pointed at ours) and whose special and added tokens to carry, so the
+    result adds a BOS and a dummy prefix exactly when ``layout`` does and renders its chat template the same way.
+    Without it, Llama-2's "legacy" layout: the normalizer prepends ``▁`` and replaces spaces by ``▁``; the decoder
+    undoes it, turns ``<0xNN>`` pieces back into bytes and strips the dummy prefix; the post-processor adds BOS.
     """
     import sentencepiece as spm
 
@@ -310,22 +334,70 @@ def sentencepiece_to_fast(proto: bytes, names: dict[str, str] | None = None) -> 
         ]
         model = models.Unigram(vocab_scores, unk_id=unk_id, byte_fallback=True)
     tokenizer = Tokenizer(model)
-    # a normalizer, not a Metaspace pre-tokenizer: Metaspace adds no ▁ to text that starts with a space, as
-    # SentencePiece does (so " x" would decode as "x"). The price is Llama-2's "legacy" quirk: text after a
-    # literal special token in the input gets a ▁ of its own, i.e. one extra space when decoded.
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
     tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False) for i in special])
-    if bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, sp.bos_id())]
+    if layout is not None:
+        _wear_layout(tokenizer, layout)
+    else:
+        # a normalizer, not a Metaspace pre-tokenizer: Metaspace adds no ▁ to text that starts with a space, as
+        # SentencePiece does (so " x" would decode as "x"). The price is Llama-2's "legacy" quirk: text after a
+        # literal special token in the input gets a ▁ of its own, i.e. one extra space when decoded.
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tokenizer.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
         )
+        if bos is not None:
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, sp.bos_id())]
+            )
     kwargs = {"unk_token": pieces[unk_id], "bos_token": bos, "eos_token": eos, "pad_token": pad}
     if names:
-        kwargs.update({k: v for k, v in names.items() if k in kwargs and v in pieces})
+        known = set(pieces) | {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+        kwargs.update({k: v for k, v in names.items() if k in kwargs and v in known})
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _wear_layout(tokenizer: Tokenizer, layout: Any) -> None:
+    """Give ``tokenizer`` the pipeline and the special/added tokens of the SentencePiece-style ``layout``."""
+    spec = _backend_json(layout)
+    have = set(tokenizer.get_vocab())
+    carried = [t for t in sorted(spec.get("added_tokens", []), key=lambda t: t["id"]) if t["content"] not in have]
+    tokenizer.add_tokens(
+        [
+            AddedToken(
+                t["content"],
+                special=t["special"],
+                normalized=t["normalized"],
+                single_word=t["single_word"],
+                lstrip=t["lstrip"],
+                rstrip=t["rstrip"],
+            )
+            for t in carried
+        ]
+    )
+    for part in ("normalizer", "pre_tokenizer", "decoder"):
+        setattr(tokenizer, part, _component(part, spec[part]) if spec.get(part) is not None else None)
+    if spec.get("post_processor") is not None:
+        ids = {token: tokenizer.token_to_id(token) for token in _template_tokens(spec["post_processor"])}
+        tokenizer.post_processor = _component("post_processor", _remap_special_ids(spec["post_processor"], ids))
+
+
+def _template_tokens(node: Any) -> set[str]:
+    """Token strings a post-processor spec names (TemplateProcessing special tokens, Bert/Roberta sep and cls)."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for value in node:
+            found |= _template_tokens(value)
+    elif isinstance(node, dict):
+        if isinstance(node.get("special_tokens"), dict):
+            for entry in node["special_tokens"].values():
+                found.update(entry["tokens"])
+        for key in ("sep", "cls"):
+            if isinstance(node.get(key), list) and len(node[key]) == 2:
+                found.add(node[key][0])
+        for value in node.values():
+            if isinstance(value, (dict, list)):
+                found |= _template_tokens(value)
+    return found
 
 
 def _merges_from_pieces(pieces: list[str], scores: list[float], excluded: set[int]) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
 from vocgraft.progress import progress
+from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.train.data import TrainingError, pack_tokens
 
@@ -35,7 +36,7 @@ def plm_config(tokenizer: Any, *, layers: int, hidden: int, heads: int, seq_len:
     if hidden % heads:
         raise TrainingError(f"hidden={hidden} must be a multiple of heads={heads}.")
     return GPT2Config(
-        vocab_size=len(tokenizer),  # added tokens included: every target id gets a row
+        vocab_size=id_range(tokenizer),  # added tokens and unused ids included: every id gets a row
         n_positions=seq_len,
         n_embd=hidden,
         n_layer=layers,
@@ -163,10 +164,10 @@ def save_plm(
     """Save the PLM and its tokenizer as a plain HF directory (safetensors) with a ``vocgraft.json``, atomically."""
     from vocgraft.tokenization.train import SENTENCEPIECE_FILE, sentencepiece_model_bytes
 
-    if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+    if model.get_input_embeddings().weight.shape[0] < id_range(tokenizer):
         raise TrainingError(
             f"the model has {model.get_input_embeddings().weight.shape[0]} embedding rows but the tokenizer "
-            f"{len(tokenizer)} tokens; save the tokenizer the model was trained with."
+            f"ids up to {id_range(tokenizer) - 1}; save the tokenizer the model was trained with."
         )
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)

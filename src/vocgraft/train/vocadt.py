@@ -8,7 +8,21 @@ The adapter ``A`` (|Vnew| x |Vold|) starts as (§3.2)
 - a uniform random row normalized to sum 1 for a token the old tokenizer cannot spell,
 
 and is trained with the LM loss through the frozen model, plus ``alpha`` times the mean L2 distance of the
-overlapping rows from their start (§3.3).
+shared vocabulary's rows from their start (§3.3).
+
+**Which rows are the shared vocabulary** (``V_old ∩ V_new``, the aux loss's rows): the copied tokens whose
+match kind says the token itself is in both vocabularies, ``SHARED_KINDS``: ``identity`` (expand), ``exact`` (the
+same canonical bytes: ``▁the`` is ``Ġthe``) and ``special`` (the same special-token string). Not shared:
+``special-role`` (the target's ``</s>`` mapped onto the source's ``<|im_end|>``: two different tokens that hold one
+role) and ``fuzzy-*`` (``▁1`` and ``1``: different tokens). Those rows still *start* one-hot on their match, as the
+plan says (spelled out by the old tokenizer a role token would start as the mean of ``<``, ``/``, ``s``, ``>``),
+but the aux loss leaves them free, like any other new row.
+
+**Input and output adapters** (``ADAPTER_FORMS``): ``separate`` (the paper's form, §4 "Adapter Training": the
+input and output adapters are separate modules, a shared one "performs worse") gives the embedding and the LM head
+an adapter each, so a tied source becomes an untied model (``A_in E`` and ``A_out E``, + |Vnew| x hidden
+parameters); ``shared`` puts one adapter on both sides (a tied source stays tied; an untied one gets ``A E_in`` and
+``A H``), half the adapter state.
 
 Two forms of ``A``:
 
@@ -20,7 +34,9 @@ Two forms of ``A``:
   candidates with normalized uniform weights (the dense form's uniform row, restricted to K columns).
 
 The adapter is a ``torch.nn.utils.parametrize`` parametrization of the embedding (and head) weight, so the model
-keeps its own classes and forward; ``merged_weights`` computes ``A @ E_old`` for saving.
+keeps its own classes and forward; ``merged_weights`` computes ``A @ E_old`` for saving. A shared adapter on a tied
+model would be computed twice per forward (once per parametrization); it computes ``A @ E_old`` once per model
+forward instead (``VocabAdapter`` reuses its result inside a forward scope opened by hooks on the model).
 """
 
 from __future__ import annotations
@@ -35,6 +51,9 @@ from torch.nn.utils import parametrize
 
 from vocgraft.train.data import TrainingError
 
+ADAPTER_FORMS = ("separate", "shared")  # the paper's form first
+# copied tokens that are the same token in both vocabularies (see the module docstring): the aux loss's rows
+SHARED_KINDS = ("identity", "exact", "special")
 ADAPTER_PARAM = "adapter_weights"  # the only parameters VocADT trains (strategies.configure looks for this name)
 SIMILARITY_BLOCK = 2048  # rows of Vnew per cosine block when searching neighbours: 2048 x |Vold| floats at a time
 
@@ -45,8 +64,20 @@ class AdapterStart:
 
     index: torch.Tensor | None  # [Vnew, W] old ids (sparse form); None for the dense form
     weight: torch.Tensor  # [Vnew, W] sparse, or [Vnew, Vold] dense
-    overlap_rows: torch.Tensor  # new ids of the tokens shared with the old vocabulary (the aux loss's rows)
+    overlap_rows: torch.Tensor  # new ids of the shared vocabulary (SHARED_KINDS): the aux loss's rows
     counts: dict[str, int]  # how many rows started as one-hot / pieces / uniform
+
+
+def shared_vocabulary(plan: Any) -> list[int]:
+    """New ids of the tokens both vocabularies hold (``V_old ∩ V_new``, paper 004 eq. 4), ascending."""
+    unrecorded = [t for t in plan.copied if t not in plan.match_kind]
+    if unrecorded:
+        raise TrainingError(
+            f"the plan records no match kind for copied id {unrecorded[0]} (and {len(unrecorded) - 1} more), so "
+            "VocADT cannot tell the shared vocabulary from role and fuzzy matches; rebuild the plan from the "
+            "tokenizers (VocabPlan.from_tokenizers)."
+        )
+    return sorted(plan.copied_by(*SHARED_KINDS))
 
 
 def initial_supports(
@@ -94,7 +125,7 @@ def adapter_start(
     old = old_matrix[: len(plan.source_tokens)].detach().float()
     ids, weights, kinds = initial_supports(plan, source_tokenizer, target_tokenizer)
     counts = {kind: kinds.count(kind) for kind in ("one-hot", "pieces", "uniform")}
-    overlap = torch.tensor(sorted(plan.copied), dtype=torch.long)
+    overlap = torch.tensor(shared_vocabulary(plan), dtype=torch.long)
     generator = torch.Generator().manual_seed(seed)
     uniform = [row for row, kind in enumerate(kinds) if kind == "uniform"]
     if candidates is None:
@@ -148,28 +179,48 @@ def nearest_rows(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude: 
 
 
 class VocabAdapter(torch.nn.Module):
-    """Parametrization ``E_old -> A @ E_old`` of an embedding or head weight; owns A and its start for the aux loss."""
+    """Parametrization ``E_old -> A @ E_old`` of an embedding or head weight; owns A and its start for the aux loss.
+
+    Inside a forward scope (``open_scope`` .. ``close_scope``, one model forward) a second call on the same
+    ``E_old`` returns the first call's result: a shared adapter on a tied model is computed once per forward, and
+    autograd sums both sides' gradients into A through the one result."""
 
     def __init__(self, start: AdapterStart):
         super().__init__()
         self.sparse = start.index is not None
-        self.register_buffer("index", start.index if self.sparse else torch.empty(0, dtype=torch.long))
+        index = start.index.clone() if self.sparse else torch.empty(0, dtype=torch.long)
+        self.register_buffer("index", index)  # cloned: two adapters built from one start share no storage
         self.register_parameter(ADAPTER_PARAM, torch.nn.Parameter(start.weight.clone()))
-        self.register_buffer("overlap_rows", start.overlap_rows)
+        self.register_buffer("overlap_rows", start.overlap_rows.clone())
         self.register_buffer("overlap_start", start.weight[start.overlap_rows].clone())
+        self._scoped = False
+        self._last: tuple | None = None  # (E_old, A's version, A @ E_old) of this scope
+        self.scope_hooks: list = []  # the model hooks that open and close the scope (removed on merge)
 
     @property
     def adapter(self) -> torch.Tensor:
         return getattr(self, ADAPTER_PARAM)
 
+    def open_scope(self, *_) -> None:
+        self._scoped, self._last = True, None
+
+    def close_scope(self, *_) -> None:
+        self._scoped, self._last = False, None
+
     def forward(self, old: torch.Tensor) -> torch.Tensor:
+        if self._last is not None and self._last[0] is old and self._last[1] == self.adapter._version:
+            return self._last[2]
         weight = self.adapter.to(old.dtype)
         if self.sparse:
-            return F.embedding_bag(self.index, old, per_sample_weights=weight, mode="sum")
-        return weight @ old
+            new = F.embedding_bag(self.index, old, per_sample_weights=weight, mode="sum")
+        else:
+            new = weight @ old
+        if self._scoped:
+            self._last = (old, self.adapter._version, new)
+        return new
 
     def aux_loss(self) -> torch.Tensor:
-        """Mean L2 distance of the overlapping tokens' rows from their start (paper 004 eq. 4); 0 at the start."""
+        """Mean L2 distance of the shared vocabulary's rows from their start (paper 004 eq. 4); 0 at the start."""
         if len(self.overlap_rows) == 0:
             return self.adapter.sum() * 0.0
         drift = self.adapter[self.overlap_rows] - self.overlap_start
@@ -179,13 +230,14 @@ class VocabAdapter(torch.nn.Module):
 def attach_adapters(model: Any, input_start: AdapterStart, head_start: AdapterStart | None) -> list[VocabAdapter]:
     """Put the adapters on the model's embedding (and head) weights; the model then speaks the new vocabulary.
 
-    ``head_start=None`` on a tied model: one adapter serves both, so the model stays tied. An untied model needs
-    a head adapter (built in head space)."""
+    ``head_start=None`` is the shared form: the input adapter serves the head too (a tied model stays tied; an
+    untied head gets ``A @ H_old``). Otherwise the head gets its own adapter, built in head space (on a tied
+    model that space is the input matrix, and ``merged_weights`` unties the model)."""
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
-    if not tied and head is not None and head_start is None:
-        raise TrainingError("the model's LM head is untied: VocADT needs a head adapter built from the head's rows.")
+    if getattr(head, "bias", None) is not None:
+        raise TrainingError("VocADT does not support an LM head with a bias (its rows would need an adapter too).")
     n_new = input_start.weight.shape[0]
     adapters = [VocabAdapter(input_start)]
     parametrize.register_parametrization(emb, "weight", adapters[0], unsafe=True)  # unsafe: rows change count
@@ -193,11 +245,14 @@ def attach_adapters(model: Any, input_start: AdapterStart, head_start: AdapterSt
     if head is not None:
         if head_start is None:
             head_adapter = adapters[0]
+            if tied:  # both parametrizations read one E_old: compute A @ E_old once per model forward
+                head_adapter.scope_hooks = [
+                    model.register_forward_pre_hook(head_adapter.open_scope),
+                    model.register_forward_hook(head_adapter.close_scope),
+                ]
         else:
             head_adapter = VocabAdapter(head_start)
             adapters.append(head_adapter)
-        if getattr(head, "bias", None) is not None:
-            raise TrainingError("VocADT does not support an LM head with a bias (its rows would need an adapter too).")
         parametrize.register_parametrization(head, "weight", head_adapter, unsafe=True)
         head.out_features = n_new
     return adapters
@@ -211,22 +266,32 @@ def aux_loss(adapters: Sequence[VocabAdapter], alpha: float):
 
 
 def merged_weights(model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``A @ E_old`` (and ``A_out @ H_old`` when the head has its own adapter), then the adapters are removed and
-    the model holds its old matrices again, ready for ``surgery.graft``."""
+    """``A @ E_old`` (and the head's rows unless the model stays tied: one shared adapter on one matrix), then the
+    adapters are removed and the model holds its old matrices again, ready for ``surgery.graft``; a tied model
+    whose head had its own adapter is untied first, so that graft takes the head's rows."""
+    from vocgraft.surgery import untie_head
+
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
     with torch.no_grad():
         new_input = emb.weight.detach().clone()
-        own_head = head is not None and head.parametrizations.weight[0] is not emb.parametrizations.weight[0]
-        new_head = head.weight.detach().clone() if own_head else None
+        stays_tied = head is not None and (
+            head.parametrizations.weight[0] is emb.parametrizations.weight[0]
+            and head.parametrizations.weight.original is emb.parametrizations.weight.original
+        )
+        new_head = None if head is None or stays_tied else head.weight.detach().clone()
     # leave_parametrized=False: the old matrix goes back as it was (with True, torch would write A @ E_old into
     # the old Parameter in place, and a tied head shares that Parameter)
     for module in (emb, head):
         if module is not None and parametrize.is_parametrized(module, "weight"):
+            for hook in module.parametrizations.weight[0].scope_hooks:
+                hook.remove()
             parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
     emb.num_embeddings = emb.weight.shape[0]
     if head is not None:
         head.out_features = head.weight.shape[0]
+        if new_head is not None and head.weight is emb.weight:
+            untie_head(model)
     return new_input, new_head
 
 
