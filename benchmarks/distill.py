@@ -8,12 +8,17 @@ on held-out prompts, and next to it the share of *tokens* (not types) that are n
 encodes held-out text, plus the init's wall time and what the method reported.
 
     nice -n 10 .venv/bin/python benchmarks/distill.py [--langs el hi] [--ks 100 1000] [--eval-lines 300]
+
+``--resume`` keeps the runs already in ``--out``.json (same language, k and label, the same expanded tokenizer:
+its held-out new-token share must match) and runs the rest; ``--redo LABEL`` runs a label again (a method whose
+code changed since). Each run records the commit it ran at.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,10 +45,11 @@ INITS = [
     "mean",
     "align",
     "distill@100",
+    "distill-takeover@100=distill_target:takeover",
     "distill-tied@100=untie_head:false",
-    "distill-paper@100@el=untie_head:false,distill_head_weight:0,distill_merge:one",
     f"distill@1000={SMALL}",
-    f"distill-tied@1000@el=untie_head:false,{SMALL}",
+    f"distill-takeover@1000={SMALL},distill_target:takeover",
+    "distill-paper@100@el=untie_head:false,distill_head_weight:0,distill_merge:one",
 ]
 
 
@@ -96,8 +102,9 @@ def run_one(args, label, method, options, source_tokenizer, tokenizer, plan, aux
     options = method_options(method, options)
     seconds, resources = init_and_graft(model, plan, source_tokenizer, tokenizer, method, corpus=train,
                                         aux_tokenizer=aux, options=options, resources=cache)  # fmt: skip
-    if "distill_data" in resources:  # the next distill variant with the same snippet settings reuses the teacher
-        cache["distill_data"] = resources["distill_data"]
+    for key in ("distill_data", "distill_input"):  # the next distill variant reuses the teacher (and input rows)
+        if key in resources:
+            cache[key] = resources[key]
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     bpb = bits_per_byte(model, tokenizer, heldout, show_progress=False)
     new_ids = set(plan.new_ids)
@@ -128,20 +135,40 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine: 1)")
     parser.add_argument("--out", default=str(RESULTS / "distill"))
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out.json")
+    parser.add_argument("--redo", nargs="*", default=[], help="labels to run again even with --resume")
+    parser.add_argument(
+        "--combine", nargs="*", default=[], help="only write --out.{json,md} from these result files' languages"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.combine:  # runs split over processes (one per language): one report
+        parts = [json.loads(Path(f).read_text()) for f in args.combine]
+        report = {**parts[0], "langs": {lang: e for part in parts for lang, e in part["langs"].items()}}
+        report["args"]["runs_in"] = {lang: part["args"] for part in parts for lang in part["langs"]}
+        write_json(f"{args.out}.json", report)
+        write_markdown(report, f"{args.out}.md")
+        return
 
     report = new_report(args.model, args, langs={})
+    old = json.loads(Path(f"{args.out}.json").read_text()) if args.resume and Path(f"{args.out}.json").exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     _, source_tokenizer = load_model(args.model)
     for lang in args.langs:
         train = read_lines(SHARED_CORPORA / lang / "train.txt", limit=args.train_lines)
         held = read_lines(SHARED_CORPORA / lang / "heldout.txt", limit=args.eval_lines + args.prompts)
         heldout, prompts = held[: args.eval_lines], prompts_from_lines(held[args.eval_lines :])
-        model, _ = load_model(args.model)
         entry = report["langs"][lang] = {"train_lines": len(train), "eval_lines": len(heldout), "runs": []}
-        entry["source"] = bits_per_byte(model, source_tokenizer, heldout, show_progress=False)
-        entry["source_greedy"] = greedy(model, source_tokenizer, prompts, args.max_new_tokens)
-        del model
+        kept = old.get("langs", {}).get(lang, {})
+        if kept.get("eval_lines") != len(heldout) or kept.get("train_lines") != len(train):
+            kept = {}
+        if kept:
+            entry["source"], entry["source_greedy"] = kept["source"], kept["source_greedy"]
+        else:
+            model, _ = load_model(args.model)
+            entry["source"] = bits_per_byte(model, source_tokenizer, heldout, show_progress=False)
+            entry["source_greedy"] = greedy(model, source_tokenizer, prompts, args.max_new_tokens)
+            del model
         aux = train_aux_tokenizer(source_tokenizer, train, args.aux_vocab_size)
         scripts = dominant_scripts(train)
         print(f"{lang}: source {entry['source']['bits_per_byte']:.3f} bits/byte", flush=True)
@@ -153,15 +180,25 @@ def main() -> None:
             retokenized = new_token_share(tokenizer, entry["source_greedy"]["texts"], plan.new_ids)
             entry.setdefault("source_greedy_retokenized", {})[k] = retokenized
             cache: dict = {}
+            done = {
+                r["init"]: r
+                for r in kept.get("runs", [])
+                if r["k"] == k and r["tokenizer_new_share"] == share and r["init"] not in args.redo
+            }
             for spec in args.inits:
                 label, method, options, filters = parse_init(spec)
                 if not wanted(filters, lang, k):
+                    continue
+                if label in done:
+                    entry["runs"].append(done[label])
+                    print(f"{lang} k={k} {label}: kept from the earlier run", flush=True)
                     continue
                 start = time.perf_counter()
                 run = run_one(
                     args, label, method, options, source_tokenizer, tokenizer, plan, aux, train, heldout, prompts, cache
                 )
                 run |= {"k": k, "tokenizer_new_share": share, "wall_seconds": time.perf_counter() - start}
+                run["commit"] = commit
                 entry["runs"].append(run)
                 print(
                     f"{lang} k={k} {label}: {run['bpb']['bits_per_byte']:.3f} bits/byte "
@@ -180,8 +217,8 @@ def write_markdown(report: dict, path: str) -> None:
     parts = [
         f"# Distillation init vs Mean and Align: {report['model']}, right after initialization\n",
         f"{report['machine']}, {report['date']}. {a['train_lines']} training lines, auxiliary BPE of "
-        f"{a['aux_vocab_size']} tokens, bits/byte on the first {a['eval_lines']} held-out lines, greedy generation "
-        f"({a['max_new_tokens']} tokens at most) on {a['prompts']} prompts cut from the held-out lines after them. "
+        f"{a['aux_vocab_size']} tokens, bits/byte on the first held-out lines (count per language), greedy "
+        f"generation ({a['max_new_tokens']} tokens at most) on prompts cut from the held-out lines after them. "
         "'greedy share': the share of new tokens in what the model generates; 'tokenizer share': the share of "
         "the held-out text's tokens that are new under the expanded tokenizer; 'own text share': the share the "
         "expanded tokenizer gives the model's generated text when it re-encodes it.\n",
@@ -189,7 +226,8 @@ def write_markdown(report: dict, path: str) -> None:
     for lang, entry in report["langs"].items():
         src = entry["source"]
         parts.append(
-            f"\n## {lang}\n\nsource: {src['bits_per_byte']:.3f} bits/byte (uniform {src['uniform_bits_per_byte']:.3f})"
+            f"\n## {lang}\n\n{entry['eval_lines']} held-out lines, {len(entry['source_greedy']['texts'])} prompts. "
+            f"source: {src['bits_per_byte']:.3f} bits/byte (uniform {src['uniform_bits_per_byte']:.3f})"
             f", greedy {entry['source_greedy']['chars_per_token']:.2f} chars/token; the expanded tokenizers give the "
             f"source's greedy text a new-token share of "
             + ", ".join(f"{v:.3f} (k={k})" for k, v in entry["source_greedy_retokenized"].items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -131,7 +133,7 @@ def test_calibration_targets_are_the_teachers_probabilities_of_the_pieces():
     # new tokens: (1, 2) follows exactly; (1, 3) differs only in its last piece; (1, 3, 2) differs earlier;
     # (2, 1) starts with another piece (not a candidate at context 0)
     table = PieceTable([[1, 2], [1, 3], [1, 3, 2], [2, 1]], np.ones(4, dtype=bool))
-    ctx, tok, lse, log_odds, exact = _calibration_pairs(
+    ctx, tok, lse, log_odds, exact, log_first = _calibration_pairs(
         logits, teacher, lengths, np.array([0]), np.array([0]), table, 0, np.random.default_rng(0)
     )
     logp = torch.log_softmax(logits[0], dim=-1)
@@ -141,6 +143,32 @@ def test_calibration_targets_are_the_teachers_probabilities_of_the_pieces():
     for t, log_q in q.items():
         assert got[t][0] == pytest.approx(float(log_q - torch.log1p(-log_q.exp())), rel=1e-5)
     assert np.allclose(lse, float(torch.logsumexp(logits[0, 0], dim=-1)))
+    assert np.allclose(log_first, float(logp[0, 1]))  # every pair here starts with piece 1 at context 0
+
+
+def test_takeover_target_gives_the_token_its_first_pieces_continuing_share():
+    """q = p1 * r: the new logit sits at lse + log q - log(1 - r), so p(new) / p(first piece) = q / (p1 - q);
+    a negative (first piece log prob 0) keeps the sequence target."""
+    p1, r = 0.6, 0.75
+    q = p1 * r
+    log_q = torch.tensor([math.log(q), math.log(0.2)])
+    cal = Calibration(
+        torch.zeros(1, 2),
+        torch.zeros(2, dtype=torch.long),
+        torch.zeros(2, dtype=torch.long),
+        torch.zeros(2),
+        log_q - torch.log1p(-log_q.exp()),
+        torch.tensor([True, False]),
+        torch.tensor([math.log(p1), 0.0]),
+    )
+    odds = cal.targeting("takeover").log_odds
+    # by hand: old logits normalized to lse 0, so the new token's logit is its log odds; first piece's is log p1
+    assert math.exp(float(odds[0])) / p1 == pytest.approx(q / (p1 - q), rel=1e-5)
+    assert float(odds[0]) == pytest.approx(math.log(0.45) - math.log(0.25), rel=1e-5)
+    assert float(odds[1]) == pytest.approx(float(cal.log_odds[1]))
+    assert cal.targeting("sequence") is cal
+    with pytest.raises(ValueError, match="distill-target"):
+        cal.targeting("bigger")
 
 
 def test_fitted_rows_give_the_target_probabilities_and_respect_bounds():

@@ -65,6 +65,8 @@ from vocgraft.tokenization.canonical import canonical_tokens
 
 MERGES = ("all", "one")
 STARTS = ("mean", "align")
+TARGETS = ("sequence", "takeover")
+MAX_R = 0.99  # takeover: share of the first piece's probability the new token may take over (finite logits)
 LINES_PER_CHUNK = 4096  # corpus lines tokenized at once while looking for snippets
 PAIR_CHUNK = 65536  # calibration pairs per gathered block (bounds memory: block x hidden floats)
 MAX_Q = 1 - 1e-4  # q is clipped below 1 so that log(1 - q) stays finite
@@ -88,6 +90,13 @@ OPTIONS = (
         1.0,
         "distill, tied head: weight of the output-calibration loss next to the distillation loss (0: input "
         "goal only, the paper's form)",
+    ),
+    Option(
+        "distill_target",
+        "sequence",
+        "distill: what new output rows are fitted to: sequence (p = the source's probability of the token's "
+        "pieces) or takeover (the new token takes the share of its first piece's probability that goes on into "
+        "it, so greedy decoding picks it where the source would spell it out)",
     ),
     Option("distill_ridge", 0.3, "distill, untied head: pull of the head rows towards their first piece's row"),
     Option(
@@ -369,10 +378,31 @@ class Calibration:
     lse: torch.Tensor  # per pair: log-sum-exp of the old logits at the context
     log_odds: torch.Tensor  # per pair: log q - log(1 - q)
     exact: torch.Tensor  # per pair: bool
+    log_first: torch.Tensor | None = None  # per pair: log p(first piece) at the context (0 for negatives)
 
     def to(self, device) -> Calibration:
-        fields = (self.hidden, self.position, self.token, self.lse, self.log_odds, self.exact)
-        return Calibration(*(t.to(device) for t in fields))
+        fields = (self.hidden, self.position, self.token, self.lse, self.log_odds, self.exact, self.log_first)
+        return Calibration(*(None if t is None else t.to(device) for t in fields))
+
+    def targeting(self, target: str) -> Calibration:
+        """The same pairs with the log odds of ``target`` (see ``TARGETS``).
+
+        ``takeover``: in the expanded model the first piece followed by the token's other pieces is never how the
+        tokenizer spells the text, so the share r = q / p(first piece) of the first piece's probability that goes
+        on into the token belongs to the token. With the old logits frozen, the new logit that gives the token
+        and its first piece the ratio q : p1 - q is lse + log q - log(1 - r). Negatives (another first piece
+        follows) keep the sequence bound: there r is unknown."""
+        if target == "sequence":
+            return self
+        if target != "takeover":
+            raise ValueError(f"--distill-target must be one of {', '.join(TARGETS)}; got {target!r}.")
+        if self.log_first is None:
+            raise ValueError("takeover needs the first piece's probability per pair (Calibration.log_first).")
+        log_q = F.logsigmoid(self.log_odds)
+        log_r = (log_q - self.log_first).clamp(max=math.log(MAX_R))
+        log_r = torch.where(self.log_first < 0, log_r, log_q)  # negatives: r = q, the sequence target
+        odds = log_q - torch.log1p(-log_r.exp())
+        return Calibration(self.hidden, self.position, self.token, self.lse, odds, self.exact, self.log_first)
 
 
 class PieceTable:
@@ -410,9 +440,9 @@ def _calibration_pairs(
     table: PieceTable,
     negatives: int,
     rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(context, token, log-sum-exp of the old logits, log odds of q, exact) for one teacher batch; contexts are
-    indices into ctx_batch/ctx_pos."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(context, token, log-sum-exp of the old logits, log odds of q, exact, log p(first piece) or 0 for a
+    negative) for one teacher batch; contexts are indices into ctx_batch/ctx_pos."""
     device = logits.device
     logp = torch.log_softmax(logits, dim=-1)
     lse = torch.logsumexp(logits, dim=-1)
@@ -439,6 +469,7 @@ def _calibration_pairs(
     piece = torch.from_numpy(np.maximum(pieces, 0)).to(device)
     terms = logp[b, p, piece] * torch.from_numpy(use).to(device)
     log_q = terms.sum(dim=1)
+    log_first = terms[:, 0].clamp(max=math.log(MAX_Q))  # < 0 for every positive pair
     # negatives: other contexts, where q <= p(first piece)
     if negatives and len(ctx_pos) and len(table.by_first):
         n_tok = len(table.by_first)
@@ -453,10 +484,11 @@ def _calibration_pairs(
         tok = np.concatenate([tok, neg_tok])
         exact = np.concatenate([exact, np.zeros(len(neg_ctx), dtype=bool)])
         log_q = torch.cat([log_q, neg_log_q])
+        log_first = torch.cat([log_first, torch.zeros_like(neg_log_q)])  # 0 marks a negative
     log_q = log_q.clamp(max=math.log(MAX_Q))
     ctx_lse = lse[torch.from_numpy(ctx_batch[ctx]).to(device), torch.from_numpy(ctx_pos[ctx]).to(device)]
     log_odds = log_q - torch.log1p(-log_q.exp())
-    return ctx, tok, ctx_lse.cpu().numpy(), log_odds.cpu().numpy(), exact
+    return ctx, tok, ctx_lse.cpu().numpy(), log_odds.cpu().numpy(), exact, log_first.cpu().numpy()
 
 
 def teacher_pass(
@@ -468,7 +500,7 @@ def teacher_pass(
     device = next(model.parameters()).device
     targets: list[torch.Tensor | None] = [None] * len(snippets)
     rng = np.random.default_rng(seed)
-    hidden_parts, pos_parts, tok_parts, lse_parts, odds_parts, exact_parts = [], [], [], [], [], []
+    hidden_parts, pos_parts, tok_parts, lse_parts, odds_parts, exact_parts, first_parts = [], [], [], [], [], [], []
     n_contexts = 0
     groups = _batches(snippets, batch, "teacher")
     bar = progress(groups, desc="distill teacher", unit="batch", disable=not show_progress or len(groups) < 2)
@@ -486,7 +518,7 @@ def teacher_pass(
             if len(ctx_pos) == 0:
                 continue
             logits = _logits(model, hidden)
-            ctx, tok, ctx_lse, log_odds, exact = _calibration_pairs(
+            ctx, tok, ctx_lse, log_odds, exact, log_first = _calibration_pairs(
                 logits, ids, lengths, ctx_batch, ctx_pos, table, negatives, rng
             )
             used = np.unique(ctx)
@@ -503,6 +535,7 @@ def teacher_pass(
             lse_parts.append(ctx_lse)
             odds_parts.append(log_odds)
             exact_parts.append(exact)
+            first_parts.append(log_first)
     width = model.get_input_embeddings().weight.shape[1]
 
     def joined(parts, dtype):
@@ -515,6 +548,7 @@ def teacher_pass(
         joined(lse_parts, np.float32).float(),
         joined(odds_parts, np.float32).float(),
         joined(exact_parts, bool),
+        joined(first_parts, np.float32).float(),
     )
     return targets, calibration
 
@@ -813,6 +847,8 @@ def distill(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
     opts = ctx.options
     if opts["distill_start"] not in STARTS:
         raise ValueError(f"--distill-start must be one of {', '.join(STARTS)}; got {opts['distill_start']!r}.")
+    if opts["distill_target"] not in TARGETS:
+        raise ValueError(f"--distill-target must be one of {', '.join(TARGETS)}; got {opts['distill_target']!r}.")
     matrix = source_matrix.detach().cpu()  # start rows and head fit on the CPU; forward passes on the model's device
     source_rows(matrix, ctx)  # checks the matrix covers the source vocabulary
     start = get_method(opts["distill_start"])(matrix, ctx)
@@ -824,6 +860,13 @@ def distill(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
             return _head_rows(matrix, start, data, ctx, stats)
         t0 = time.perf_counter()
         tied = _tied(model)
+        # an untied model's input rows do not depend on the head settings: a caller trying several (a benchmark
+        # passing the resources on) trains them once
+        key = (data["key"], *(opts[n] for n in ("distill_epochs", "distill_batch", "distill_lr", "distill_start")))
+        cached = ctx.resources.get("distill_input")
+        if not tied and cached is not None and cached["key"] == key:
+            stats["input"] = {**cached["history"], "reused": True}
+            return cached["rows"].clone()
         device = next(model.parameters()).device
         rows, history = train_input_rows(
             model,
@@ -835,12 +878,14 @@ def distill(source_matrix: torch.Tensor, ctx: InitContext) -> torch.Tensor:
             batch=opts["distill_batch"],
             lr=opts["distill_lr"] * float(source_rows(matrix, ctx).square().mean().sqrt()),
             seed=ctx.seed,
-            calibration=data["calibration"] if tied else None,
+            calibration=data["calibration"].targeting(opts["distill_target"]) if tied else None,
             head_weight=opts["distill_head_weight"] if tied else 0.0,
             head_bias=_head_bias(model, ctx.n_source),
             show_progress=len(ctx.plan.new_ids) > 50,
         )
     stats["input"] = {**history, "seconds": time.perf_counter() - t0, "tied_head": tied}
+    if not tied:
+        ctx.resources["distill_input"] = {"key": key, "rows": rows.cpu(), "history": stats["input"]}
     return rows.cpu()
 
 
@@ -851,7 +896,7 @@ def _head_rows(matrix: torch.Tensor, start: torch.Tensor, data: dict, ctx: InitC
     first = torch.tensor([p[0] if p else 0 for p in pieces], dtype=torch.long)
     has_first = torch.tensor([bool(p) for p in pieces])
     anchor = torch.where(has_first.unsqueeze(1), matrix[first], start)
-    cal = data["calibration"]
+    cal = data["calibration"].targeting(ctx.options["distill_target"])
     fit = torch.zeros(len(pieces), dtype=torch.bool)
     fit[cal.token[cal.exact]] = True
     fit &= has_first
