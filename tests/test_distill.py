@@ -344,3 +344,25 @@ def test_expand_cli_saves_a_model_plain_transformers_reloads_and_generates_with(
     loaded = reload_in_fresh_process(out, max_new_tokens=4)
     assert loaded["rows"] == loaded["len"] == 420
     assert loaded["tied"] is (not untie) and loaded["generated"] == 4
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_expansion_of_a_sentencepiece_source_finds_snippets_and_trains(tied):
+    """The SentencePiece family in expand mode: both spellings of a line align (the word-start marker), so the
+    new tokens get snippets, calibration pairs, and rows that moved from their start."""
+    from vocgraft.tokenization.expand import expand_tokenizer
+    from vocgraft.tokenization.train import train_tokenizer
+
+    source = tiny_sp_tokenizer()
+    el = lines("el", 300)
+    aux = train_tokenizer(el, "sp-bpe", 800)
+    target = expand_tokenizer(source, aux, el, 30).tokenizer
+    plan = VocabPlan.from_tokenizers(source, target, "expand")
+    model = tiny_llama(len(source), tied=tied)
+    ctx = InitContext(plan, source, target, corpus=el, options=FAST)
+    input_rows, head_rows = initialize(model, "distill", ctx)
+    stats = ctx.resources["distill_stats"]
+    assert stats["tokens_trained"] > 0.5 * len(plan.new_ids) and stats["calibration_exact_pairs"] > 0
+    start = mean_rows(model.get_input_embeddings().weight, plan, source, plan.new_ids, target_tokenizer=target)
+    assert (input_rows != start).any(dim=1).sum() >= stats["tokens_trained"] // 2
+    assert (head_rows is None) == tied
