@@ -61,7 +61,10 @@ def parse_init(spec: str) -> tuple[str, str, dict, set[str]]:
     options = {}
     for item in filter(None, settings.split(",")):
         key, _, value = item.partition(":")
-        options[key] = json.loads(value) if value[:1] in "0123456789-tf[{" else value
+        try:
+            options[key] = json.loads(value)  # numbers, true/false, lists
+        except json.JSONDecodeError:
+            options[key] = value  # a word: a choice such as distill_target:takeover
     return label, label.split("-")[0], options, set(filters)
 
 
