@@ -19,6 +19,7 @@ training lines; LAPT samples |D| lines of the whole training file. Every size is
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -177,10 +178,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine: 1)")
     parser.add_argument("--note", default="", help="a line for the md (e.g. why this is a reduced run)")
     parser.add_argument("--out", default=str(RESULTS / "end_to_end"))
+    parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json (a stopped run)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.markdown_only:
+        write_markdown(json.loads(Path(f"{args.out}.json").read_text(encoding="utf-8")), Path(f"{args.out}.md"))
+        return
 
-    report = new_report(args.model, args, gpu="none", langs={})
+    report = new_report(args.model, args, gpu="none", langs={}, finished=False)
     start = time.perf_counter()
 
     def save() -> None:
@@ -189,6 +194,7 @@ def main() -> None:
 
     for lang in args.langs:
         run_language(lang, args, report, save)
+    report["finished"] = True
     save()
     write_markdown(report, Path(f"{args.out}.md"))
 
@@ -203,8 +209,13 @@ def write_markdown(report: dict, path: Path) -> None:
         f"# End to end: init -> LAPT -> generation, {report['model']}\n",
         ("The issue's configuration." if full else "**A reduced run, not the issue's configuration** (see settings).")
         + (f" {a['note']}" if a["note"] else "")
+        + (
+            ""
+            if report.get("finished")
+            else " **The run was stopped before it finished: the rows below are the ones it completed.**"
+        )
         + "\n",
-        f"{report['machine']}, no GPU, {report['date']}; the whole run took {report['wall_seconds'] / 60:.0f} "
+        f"{report['machine']}, no GPU, {report['date']}; the run took {report['wall_seconds'] / 60:.0f} "
         "minutes of wall time on a CPU shared with other jobs (speeds are relative to the source measured in the "
         "same run, on the same prompts).\n",
         f"Settings: languages {', '.join(a['langs'])}; k {', '.join(map(str, a['ks']))}; inits {', '.join(a['inits'])}"
