@@ -147,8 +147,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.combine:  # runs split over processes (one per language): one report
         parts = [json.loads(Path(f).read_text()) for f in args.combine]
-        report = {**parts[0], "langs": {lang: e for part in parts for lang, e in part["langs"].items()}}
-        report["args"]["runs_in"] = {lang: part["args"] for part in parts for lang in part["langs"]}
+        report = {**parts[0], "langs": {}}
+        for name, part in zip(args.combine, parts):
+            for lang, entry in part["langs"].items():
+                key = lang if lang not in report["langs"] else f"{lang} ({Path(name).stem})"  # a second run of it
+                report["langs"][key] = entry | {"args": part["args"]}
         write_json(f"{args.out}.json", report)
         write_markdown(report, f"{args.out}.md")
         return
@@ -195,6 +198,7 @@ def main() -> None:
                 if label in done:
                     entry["runs"].append(done[label])
                     print(f"{lang} k={k} {label}: kept from the earlier run", flush=True)
+                    write_json(f"{args.out}.json", report)  # a stop before the next run must not lose it
                     continue
                 start = time.perf_counter()
                 run = run_one(
