@@ -37,6 +37,18 @@ def cmd_info(args) -> None:
     print(json.dumps(info, indent=2))
 
 
+def cmd_methods(args) -> None:
+    """The init method registry: what each method needs, its settings, and where it is defined."""
+    from vocgraft.init import METHODS
+    from vocgraft.recipes.common import USER_INPUTS
+
+    for method in sorted(METHODS.values(), key=lambda m: m.name):
+        needs = ", ".join(USER_INPUTS.get(need, need) for need in sorted(method.needs)) or "nothing"
+        print(f"{method.name}: {method.summary}\n  defined in: {method.reference}\n  needs: {needs}")
+        for option in method.options:
+            print(f"  {option.flag} (default {option.default}): {option.help}")
+
+
 def run_eval(
     model_spec: str,
     text: str,
@@ -102,14 +114,36 @@ def cmd_tokenizer_train(args) -> None:
     check_writable(args.out, args.overwrite)
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     like = load_tokenizer(args.like) if args.like else None
+    marks = like_marks(args.keep_marks, args.kind, like, lines)
+    if marks is not None:
+        print(marks.describe())
+        like = marks.apply(like)
     tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
     save_tokenizer(
         tokenizer,
         args.out,
         overwrite=args.overwrite,
-        manifest={"inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like}},
+        manifest={
+            "inputs": {"corpus": args.corpus, "lines": len(lines), "like": args.like},
+            "keep_marks": marks.to_dict() if marks else None,
+        },
     )
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
+
+
+def like_marks(setting: str, kind: str, like, lines):
+    """`tokenizer train`: whether the copied split regex of a byte-level ``--like`` keeps combining marks; None
+    where there is no such regex to copy."""
+    from vocgraft.tokenization.marks import MarksError, choose_keep_marks
+
+    if like is not None and kind == "bytelevel-bpe":
+        return choose_keep_marks(setting, like, lines)
+    if setting == "on":
+        raise MarksError(
+            "--keep-marks on rewrites the split regex copied from --like; it needs --kind bytelevel-bpe and --like "
+            "(SentencePiece kinds do not split marks from letters)."
+        )
+    return None
 
 
 def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
@@ -155,8 +189,10 @@ def cmd_expand(args) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+        keep_marks=args.keep_marks,
         **init_args(args),
     )
+    print(result.marks.describe())
     added = result.expansion.to_dict()
     scripts = ", ".join(result.scripts) if result.scripts else "any script"
     print(
@@ -194,8 +230,10 @@ def cmd_replace(args) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
         inputs={"corpus": args.corpus, "corpus_lines": len(lines)},
+        keep_marks=args.keep_marks,
         **init_args(args),
     )
+    print(result.marks.describe())
     summary = result.plan.summary()
     print(
         f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
@@ -422,6 +460,20 @@ def init_args(args) -> dict:
     }
 
 
+def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
+    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, MIN_MARK_SHARE
+
+    p.add_argument(
+        "--keep-marks",
+        choices=KEEP_MARKS_SETTINGS,
+        default="auto",
+        help=f"keep combining marks (vowel signs, viramas) with their letters in {where}; auto: on when the "
+        f"source's regex cuts them off, they are at least {MIN_MARK_SHARE * 100:.0f}%% of the corpus's letters, and "
+        "the source would not start producing tokens it never produced; with a given aux/target tokenizer: as that "
+        "one does",
+    )
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
 
@@ -475,6 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arg(p)
     p.set_defaults(func=cmd_info)
 
+    p = sub.add_parser("methods", help="list the init methods: what each needs, its settings, its paper")
+    p.set_defaults(func=cmd_methods)
+
     p = sub.add_parser("eval", help="token counts, speedup proxy, bits per byte and perplexity on a text")
     add_model_arg(p)
     p.add_argument("--text", required=True, help="text file, folder, .jsonl, or hf:NAME[:SPLIT]")
@@ -495,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kind", required=True, choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"])
     t.add_argument("--vocab-size", type=int, default=50000)
     t.add_argument("--like", help="source model/tokenizer whose pre-tokenization and special tokens to copy")
+    add_keep_marks_arg(t, "the split regex copied from a byte-level --like")
     t.add_argument("--sample", type=int, help="train on a seeded sample of N lines")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True)
@@ -519,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="writing systems new tokens must use: auto (the corpus's dominant ones, e.g. DEVANAGARI), any, "
         "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
     )
+    add_keep_marks_arg(p, "the expanded tokenizer's split regex (byte-level BPE sources)")
     p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
     p.add_argument("--eval-limit", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
@@ -535,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kind of the trained target tokenizer (default: the source's family)",
     )
     p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
+    add_keep_marks_arg(p, "the split regex of a trained byte-level target tokenizer")
     add_init_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
@@ -633,11 +691,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from vocgraft.recipes.expand import ExpandError
     from vocgraft.recipes.replace import ReplaceError
     from vocgraft.surgery import SurgeryError
+    from vocgraft.tokenization.marks import MarksError
     from vocgraft.train.data import TrainingError
 
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError,
+        ConfigError, MethodInputError, MarksError,
     )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ SCHEMA: dict[str, Any] = {
         "aux_vocab_size": (int, 16000),
         "vocab_size": (int, 50000),
         "scripts": (str, "auto"),  # auto | any | comma-separated script names (tokenization.scripts)
+        "keep_marks": (str, "auto"),  # auto | on | off: combining marks stay with letters (tokenization.marks)
         "protect": (str, None),
         "protect_lines": (int, 8192),
     },
@@ -164,6 +165,12 @@ def validate(raw: dict, source: str = "config") -> dict:
 
     if adapt["init"] not in METHODS:
         raise ConfigError(f"{source}: adapt.init {adapt['init']!r} is not a method; choose from {sorted(METHODS)}.")
+    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS
+
+    if adapt["keep_marks"] not in KEEP_MARKS_SETTINGS:
+        raise ConfigError(
+            f"{source}: adapt.keep_marks must be one of {', '.join(KEEP_MARKS_SETTINGS)}; got {adapt['keep_marks']!r}."
+        )
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
     named = {key: config[key] for key in ("corpus", "heldout")}

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -109,7 +110,7 @@ def run_pipeline(config: dict) -> dict:
     vocab = adapt["aux_vocab_size"] if adapt["mode"] == "expand" else adapt["vocab_size"]
     tokenizer = stage(
         "tokenizer",
-        {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab},
+        {**inputs, "mode": adapt["mode"], "seed": seed, "vocab_size": vocab, "keep_marks": adapt["keep_marks"]},
         lambda p: _train_tokenizer(config, lines(), p),
     )
     adapt_params = dict(adapt, protect=fingerprint(adapt["protect"]) if adapt["protect"] else None, seed=seed)
@@ -150,17 +151,23 @@ def run_pipeline(config: dict) -> dict:
 def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
     from vocgraft.models import load_tokenizer
     from vocgraft.recipes.expand import train_aux_tokenizer
-    from vocgraft.recipes.replace import target_tokenizer_for
+    from vocgraft.recipes.replace import target_marks, target_tokenizer_for
+    from vocgraft.tokenization.marks import choose_keep_marks
     from vocgraft.tokenization.portable import save_portable
 
     source = load_tokenizer(config["model"])
     adapt = config["adapt"]
     if adapt["mode"] == "expand":
-        tokenizer = train_aux_tokenizer(source, lines, adapt["aux_vocab_size"], config["seed"])
+        marks = choose_keep_marks(adapt["keep_marks"], source, lines)
+        tokenizer = train_aux_tokenizer(marks.apply(source), lines, adapt["aux_vocab_size"], config["seed"])
     else:
-        tokenizer = target_tokenizer_for(source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"])
+        marks = target_marks(adapt["keep_marks"], source, lines)
+        tokenizer = target_tokenizer_for(
+            source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"], marks=marks
+        )
+    print(f"tokenizer stage: {marks.describe()}", file=sys.stderr)
     save_portable(tokenizer, path)
-    return {"size": len(tokenizer), "lines": len(lines)}
+    return {"size": len(tokenizer), "lines": len(lines), "keep_marks": marks.to_dict()}
 
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
@@ -178,6 +185,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
             path,
             tokenizer_spec=str(tokenizer_dir),
             seed=config["seed"],
+            keep_marks=adapt["keep_marks"],
             **method_args(adapt),
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
@@ -193,6 +201,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         protect=protect,
         scripts=scripts,
         seed=config["seed"],
+        keep_marks=adapt["keep_marks"],
         **method_args(adapt),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}

@@ -18,6 +18,7 @@ from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 from vocgraft.tokenization.expand import expandable_family
+from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.scripts import dominant_scripts
 from vocgraft.tokenization.spec import tokenizer_family
 
@@ -38,6 +39,7 @@ class Expanded:
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)  # what the init method reported (e.g. fallback shares)
     scripts: list[str] | None = None  # the writing systems wanted tokens were restricted to
+    marks: MarksChoice | None = None  # whether the split regex was rewritten to keep combining marks, and why
 
 
 def check_expandable(source_tokenizer) -> None:
@@ -70,11 +72,15 @@ def expand_loaded(
     seed: int = 0,
     resources: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    keep_marks: str = "auto",
 ) -> Expanded:
     """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks.
 
     ``scripts``: the writing systems wanted tokens must use; "auto" = the dominant ones of ``lines``
     (:func:`~vocgraft.tokenization.scripts.dominant_scripts`), None = any.
+    ``keep_marks``: auto/on/off, whether the expanded tokenizer's split regex keeps combining marks with their
+    letters (:mod:`vocgraft.tokenization.marks`); with ``aux_tokenizer`` given, auto follows it. The init method
+    still sees the source tokenizer as it was: its rows were learnt from that segmentation.
     """
     if k <= 0:
         raise ExpandError(f"--new-tokens must be positive, got {k}.")
@@ -83,13 +89,18 @@ def expand_loaded(
     timings = {}
     start = time.perf_counter()
     if aux_tokenizer is None:
-        aux_tokenizer = train_aux_tokenizer(source_tokenizer, lines, aux_vocab_size, seed)
+        marks = choose_keep_marks(keep_marks, source_tokenizer, lines)
+        splitting = marks.apply(source_tokenizer)  # the source as the expanded tokenizer will pre-tokenize
+        aux_tokenizer = train_aux_tokenizer(splitting, lines, aux_vocab_size, seed)
+    else:
+        marks = follow_given(keep_marks, source_tokenizer, aux_tokenizer, "auxiliary")
+        splitting = marks.apply(source_tokenizer)
     timings["aux_tokenizer_seconds"] = time.perf_counter() - start
 
     start = time.perf_counter()
     if scripts == "auto":
         scripts = dominant_scripts(lines)
-    expansion = expand_tokenizer(source_tokenizer, aux_tokenizer, lines, k, protect=protect, scripts=scripts)
+    expansion = expand_tokenizer(splitting, aux_tokenizer, lines, k, protect=protect, scripts=scripts)
     target_tokenizer = expansion.tokenizer
     plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "expand")
     timings["expansion_seconds"] = time.perf_counter() - start
@@ -107,7 +118,7 @@ def expand_loaded(
         options=options,
     )
     return Expanded(
-        model, target_tokenizer, plan, expansion, timings, method_stats(resources), sorted(scripts or []) or None
+        model, target_tokenizer, plan, expansion, timings, method_stats(resources), sorted(scripts or []) or None, marks
     )
 
 
@@ -127,6 +138,7 @@ def expand_model(
     inputs: dict | None = None,
     method_inputs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    keep_marks: str = "auto",
 ) -> tuple[Path, Expanded]:
     """`vocgraft expand`: load, expand, initialize, and save an HF directory with plan and manifest.
 
@@ -135,6 +147,7 @@ def expand_model(
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
     check_method_inputs(init, method_inputs)
+    check_setting(keep_marks)
     source_tokenizer = load_tokenizer(model_spec)
     check_expandable(source_tokenizer)  # before the model is loaded
     model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
@@ -152,6 +165,7 @@ def expand_model(
         seed=seed,
         resources=method_resources(init, method_inputs),
         options=options,
+        keep_marks=keep_marks,
     )
     manifest = {
         "inputs": {"model": model_spec, "aux_tokenizer": aux_tokenizer_spec, **method_inputs, **(inputs or {})},
@@ -162,6 +176,7 @@ def expand_model(
             "new_tokens": k,
             "aux_vocab_size": aux_vocab_size,
             "scripts": result.scripts,
+            "keep_marks": result.marks.to_dict(),
         },
         "seed": seed,
         "source_model": model_spec,

@@ -18,6 +18,7 @@ from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import train_tokenizer
+from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.spec import tokenizer_family
 
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -36,6 +37,7 @@ class Replaced:
     plan: VocabPlan
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    marks: MarksChoice | None = None  # whether the trained target tokenizer's split regex keeps combining marks
 
 
 def with_source_specials(source_tokenizer, target_tokenizer):
@@ -58,11 +60,19 @@ def with_source_specials(source_tokenizer, target_tokenizer):
 
 
 def target_tokenizer_for(
-    source_tokenizer, lines: Sequence[str], given=None, *, kind: str | None, vocab_size: int, seed: int = 0
+    source_tokenizer,
+    lines: Sequence[str],
+    given=None,
+    *,
+    kind: str | None,
+    vocab_size: int,
+    seed: int = 0,
+    marks: MarksChoice | None = None,
 ):
     """The tokenizer that replaces the source's: ``given``, or one trained on ``lines`` (by default of the
     source's own family, resembling the source: its pre-tokenization or SentencePiece layout and its special
-    tokens), plus the source's special tokens and roles (:func:`with_source_specials`)."""
+    tokens; a byte-level one keeps combining marks if ``marks`` says so), plus the source's special tokens and roles
+    (:func:`with_source_specials`)."""
     if given is None:
         family = tokenizer_family(source_tokenizer)
         kind = kind or KIND_LIKE_SOURCE.get(family)
@@ -71,8 +81,23 @@ def target_tokenizer_for(
         # a byte-level target can only copy a byte-level source's pipeline; SentencePiece kinds take any source's
         # special-token strings (and a SentencePiece source's whole layout)
         like = source_tokenizer if kind != "bytelevel-bpe" or family == "byte-level-bpe" else None
+        if kind == "bytelevel-bpe" and like is not None and marks:
+            like = marks.apply(source_tokenizer)
         given = train_tokenizer(lines, kind, vocab_size, like=like, seed=seed)
     return with_source_specials(source_tokenizer, given)
+
+
+def target_marks(setting: str, source_tokenizer, lines: Sequence[str], given=None, kind: str | None = None):
+    """Whether the target tokenizer keeps combining marks with their letters (see ``--keep-marks``): a given one
+    is followed; a trained byte-level one keeps them as :func:`~vocgraft.tokenization.marks.choose_keep_marks`
+    decides; SentencePiece kinds keep them anyway."""
+    if given is not None:
+        return follow_given(setting, source_tokenizer, given, "target")
+    kind = kind or KIND_LIKE_SOURCE.get(tokenizer_family(source_tokenizer))
+    if kind != "bytelevel-bpe":
+        check_setting(setting)
+        return MarksChoice(setting, False, f"a {kind} target tokenizer does not split marks from letters")
+    return choose_keep_marks(setting, source_tokenizer, lines)
 
 
 def replace_loaded(
@@ -87,13 +112,24 @@ def replace_loaded(
     resources: dict[str, Any] | None = None,
     seed: int = 0,
     options: dict[str, Any] | None = None,
+    keep_marks: str = "auto",
 ) -> Replaced:
-    """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`."""
+    """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`.
+
+    ``keep_marks``: auto/on/off for a trained byte-level target tokenizer (:func:`target_marks`). The init
+    method sees the source tokenizer as it was."""
     options = method_options(init, options)  # fail on a typo before any work
     timings = {}
     start = time.perf_counter()
+    marks = target_marks(keep_marks, source_tokenizer, lines, target_tokenizer, target_kind)
     target_tokenizer = target_tokenizer_for(
-        source_tokenizer, lines, target_tokenizer, kind=target_kind, vocab_size=target_vocab_size, seed=seed
+        source_tokenizer,
+        lines,
+        target_tokenizer,
+        kind=target_kind,
+        vocab_size=target_vocab_size,
+        seed=seed,
+        marks=marks,
     )
     timings["target_tokenizer_seconds"] = time.perf_counter() - start
 
@@ -111,7 +147,7 @@ def replace_loaded(
         resources=resources,
         options=options,
     )
-    return Replaced(model, target_tokenizer, plan, timings, method_stats(resources))
+    return Replaced(model, target_tokenizer, plan, timings, method_stats(resources), marks)
 
 
 def replace_model(
@@ -128,6 +164,7 @@ def replace_model(
     inputs: dict | None = None,
     method_inputs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    keep_marks: str = "auto",
 ) -> tuple[Path, Replaced]:
     """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest.
 
@@ -136,6 +173,7 @@ def replace_model(
     method_inputs = dict(method_inputs or {})
     options = method_options(init, options)
     check_method_inputs(init, method_inputs)
+    check_setting(keep_marks)
     model, source_tokenizer = load_model(model_spec)
     target = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
     resources = method_resources(init, method_inputs)
@@ -150,6 +188,7 @@ def replace_model(
         resources=resources,
         seed=seed,
         options=options,
+        keep_marks=keep_marks,
     )
     manifest = {
         "inputs": {"model": model_spec, "tokenizer": tokenizer_spec, **method_inputs, **(inputs or {})},
@@ -159,6 +198,7 @@ def replace_model(
             "options": options,
             "target_kind": target_kind,
             "target_vocab_size": len(result.tokenizer),
+            "keep_marks": result.marks.to_dict(),
         },
         "seed": seed,
         "source_model": model_spec,
