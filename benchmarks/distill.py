@@ -274,6 +274,17 @@ def write_markdown(report: dict, path: str) -> None:
                 rows,
             )
         )
+        parts.append("")
+        for r in entry["runs"]:
+            if r["method"] == "distill":
+                settings = ", ".join(f"{key}={value}" for key, value in r["options"].items())
+                parts.append(f"- k={r['k']} {r['init']}: {settings}" + (f". *{r['note']}*" if r.get("note") else ""))
+            if r["method"] == "distill" and r["stats"].get("distill_stats", {}).get("snippets") is not None:
+                st = r["stats"]["distill_stats"]
+                parts.append(
+                    f"  ({st['snippets']} snippets, {st['tokens_trained']} of {r['k']} tokens trained, "
+                    f"{st['calibration_exact_pairs']} exact calibration pairs)"
+                )
     Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
