@@ -143,11 +143,12 @@ def main() -> None:
     parser.add_argument(
         "--combine", nargs="*", default=[], help="only write --out.{json,md} from these result files' languages"
     )
+    parser.add_argument("--note", default="", help="a paragraph for the md (what was run and what was not)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.combine:  # runs split over processes (one per language): one report
         parts = [json.loads(Path(f).read_text()) for f in args.combine]
-        report = {**parts[0], "langs": {}}
+        report = {**parts[0], "langs": {}, "note": args.note}
         for name, part in zip(args.combine, parts):
             for lang, entry in part["langs"].items():
                 key = lang if lang not in report["langs"] else f"{lang} ({Path(name).stem})"  # a second run of it
@@ -230,6 +231,8 @@ def write_markdown(report: dict, path: str) -> None:
         "the held-out text's tokens that are new under the expanded tokenizer; 'own text share': the share the "
         "expanded tokenizer gives the model's generated text when it re-encodes it.\n",
     ]
+    if report.get("note"):
+        parts.append(report["note"] + "\n")
     for lang, entry in report["langs"].items():
         src = entry["source"]
         parts.append(

@@ -212,7 +212,8 @@ def write_markdown(report: dict, path: Path) -> None:
         + (
             ""
             if report.get("finished")
-            else " **The run was stopped before it finished: the rows below are the ones it completed.**"
+            else " **The run was stopped before it finished: the rows below are the ones it completed.** "
+            + report.get("stopped", "")
         )
         + "\n",
         f"{report['machine']}, no GPU, {report['date']}; the run took {report['wall_seconds'] / 60:.0f} "
