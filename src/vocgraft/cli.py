@@ -6,14 +6,14 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from vocgraft.corpus import (
     SHARED_CORPORA,  # noqa: F401  (benchmarks import it from here too)
     CorpusError,
 )
-from vocgraft.models import DEFAULT_MODEL, ModelLoadError
-from vocgraft.outdir import OutputExistsError
+from vocgraft.models import DEFAULT_MODEL
 
 # adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
 # loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
@@ -25,8 +25,11 @@ def write_json(path: str | Path, data: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cmd_info(args) -> None:
@@ -100,9 +103,9 @@ def cmd_eval(args) -> None:
         batch_size=args.batch_size,
         field=args.field,
     )
+    print(eval_markdown(result, name=Path(args.model).name or args.model))  # first: a failed write loses nothing
     if args.json:
         write_json(args.json, result)
-    print(eval_markdown(result, name=Path(args.model).name or args.model))
 
 
 def cmd_tokenizer_train(args) -> None:
@@ -110,6 +113,7 @@ def cmd_tokenizer_train(args) -> None:
     from vocgraft.models import load_tokenizer
     from vocgraft.outdir import check_writable
     from vocgraft.tokenization import save_tokenizer, train_tokenizer
+    from vocgraft.tokenization.train import TokenizerError
 
     check_writable(args.out, args.overwrite)
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
@@ -118,7 +122,12 @@ def cmd_tokenizer_train(args) -> None:
     if marks is not None:
         print(marks.describe())
         like = marks.apply(like)
-    tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
+    try:
+        tokenizer = train_tokenizer(lines, args.kind, args.vocab_size, like=like, seed=args.seed, show_progress=True)
+    except TokenizerError as exc:  # a --like of the wrong family: name the flag and the path
+        if like is None or "like=" not in str(exc):
+            raise
+        raise TokenizerError(f"--like {args.like}: {exc}") from None
     save_tokenizer(
         tokenizer,
         args.out,
@@ -170,30 +179,87 @@ def parse_scripts(value: str):
     return [name.strip().upper() for name in value.split(",") if name.strip()]
 
 
+def warn(command: str, message: str) -> None:
+    print(f"vocgraft {command}: warning: {message}", file=sys.stderr)
+
+
+def check_corpus_scripts(scripts, lines: list[str], corpus: str) -> None:
+    """``--scripts`` names a script the corpus has letters of (else no token could ever be added)."""
+    from vocgraft.recipes.expand import ExpandError
+    from vocgraft.tokenization.scripts import describe_shares, script_shares
+
+    if not isinstance(scripts, list):
+        return
+    shares = script_shares(lines)
+    if not any(name in shares for name in scripts):
+        raise ExpandError(
+            f"--scripts {','.join(scripts)}: the corpus {corpus} has no letters of it (its scripts: "
+            f"{describe_shares(shares)}); give the corpus of that language, or --scripts auto."
+        )
+
+
+def check_heldout_scripts(corpus_lines: list[str], heldout_lines: list[str], corpus: str, heldout: str) -> None:
+    """Warn when the held-out text is written in other scripts than the corpus: its numbers say nothing about
+    the new tokens (an English corpus measured on Greek text, a Greek one on Japanese)."""
+    from vocgraft.tokenization.scripts import describe_shares, dominant_scripts, script_shares
+
+    ours, theirs = dominant_scripts(corpus_lines), dominant_scripts(heldout_lines)
+    if ours and theirs and not ours & theirs:
+        warn(
+            "expand",
+            f"--heldout {heldout} is in {describe_shares(script_shares(heldout_lines))} but --corpus {corpus} is "
+            f"in {describe_shares(script_shares(corpus_lines))}: the held-out numbers cannot show what the new "
+            "tokens do; give held-out text of the corpus's language.",
+        )
+
+
+def explain_zero_tokens(added: dict) -> str:
+    """Why an expansion added nothing, from what it skipped."""
+    from vocgraft.tokenization.expand import SKIP_REASONS
+
+    if not added["skipped_reasons"]:
+        return (
+            "every token of the auxiliary tokenizer that occurs in the corpus is already in the source vocabulary; "
+            "train it on target-language text with a larger --aux-vocab-size, or drop --aux-tokenizer"
+        )
+    reasons = "; ".join(f"{n} because {SKIP_REASONS[key]}" for key, n in added["skipped_reasons"].items())
+    return f"every candidate was skipped ({reasons})"
+
+
 def cmd_expand(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.recipes.expand import expand_model
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
+    scripts = parse_scripts(args.scripts)
+    check_corpus_scripts(scripts, lines, args.corpus)
     protect = read_lines(args.protect) if args.protect else None
-    out, result = expand_model(
-        args.model,
-        lines,
-        args.new_tokens,
-        args.init,
-        args.out,
-        aux_tokenizer_spec=args.aux_tokenizer,
-        aux_vocab_size=args.aux_vocab_size,
-        protect=protect,
-        scripts=parse_scripts(args.scripts),
-        seed=args.seed,
-        overwrite=args.overwrite,
-        inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
-        keep_marks=args.keep_marks,
-        **init_args(args),
-    )
+    heldout = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
+    if heldout is not None:
+        check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
+    with warnings.catch_warnings(record=True) as caught:  # shown below as our own one-line warnings
+        warnings.simplefilter("always", UserWarning)
+        out, result = expand_model(
+            args.model,
+            lines,
+            args.new_tokens,
+            args.init,
+            args.out,
+            aux_tokenizer_spec=args.aux_tokenizer,
+            aux_vocab_size=args.aux_vocab_size,
+            protect=protect,
+            scripts=scripts,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            inputs={"corpus": args.corpus, "corpus_lines": len(lines), "protect": args.protect},
+            keep_marks=args.keep_marks,
+            **init_args(args),
+        )
     print(result.marks.describe())
     added = result.expansion.to_dict()
+    for item in caught:
+        if not (added["added"] == 0 and str(item.message).startswith("only 0 of")):  # explained better below
+            warn("expand", " ".join(str(item.message).split()))
     scripts = ", ".join(result.scripts) if result.scripts else "any script"
     print(
         f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
@@ -201,17 +267,25 @@ def cmd_expand(args) -> None:
     )
     if added["skipped_reasons"]:
         print("candidates skipped: " + ", ".join(f"{n} {key}" for key, n in added["skipped_reasons"].items()))
-    if args.heldout:
+    if added["added"] == 0:
+        warn("expand", f"0 new tokens were added, so {out} tokenizes as the source does: {explain_zero_tokens(added)}.")
+    if heldout is not None:
         from vocgraft.models import load_tokenizer
 
         summary = expansion_summary(
             load_tokenizer(args.model),
             result.tokenizer,
             result.plan.new_ids,
-            read_lines(args.heldout, limit=args.eval_limit),
+            heldout,
             rows=result.model.get_input_embeddings().weight.shape[0],
         )
         print(json.dumps(summary, indent=2))
+        if added["added"] and summary["new_tokens_used_share"] == 0:
+            warn(
+                "expand",
+                f"none of the {added['added']} new tokens occurs in --heldout {args.heldout}: it is not text of the "
+                "corpus's language, or the corpus is too small to have found its frequent words.",
+            )
 
 
 def cmd_replace(args) -> None:
@@ -219,6 +293,7 @@ def cmd_replace(args) -> None:
     from vocgraft.recipes.replace import replace_model
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
+    text = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
     out, result = replace_model(
         args.model,
         lines,
@@ -241,11 +316,10 @@ def cmd_replace(args) -> None:
     )
     if result.stats:
         print(json.dumps(result.stats, indent=2, default=str))
-    if args.heldout:
+    if text is not None:
         from vocgraft.eval import encode_lines, fertility, speedup
         from vocgraft.models import load_tokenizer
 
-        text = read_lines(args.heldout, limit=args.eval_limit)
         before = fertility(encode_lines(load_tokenizer(args.model), text), text)
         after = fertility(encode_lines(result.tokenizer, text), text)
         print(
@@ -341,6 +415,7 @@ def cmd_downstream(args) -> None:
     from vocgraft.eval.generation import prompts_from_lines
     from vocgraft.eval.mt import read_pairs
     from vocgraft.eval.tasks import read_records
+    from vocgraft.preflight import read_templates
 
     tasks = {}
     for item in args.task or []:
@@ -359,7 +434,7 @@ def cmd_downstream(args) -> None:
         mt_template=args.mt_template,
         mt_max_new_tokens=args.mt_max_new_tokens,
         tasks=tasks,
-        templates=json.loads(Path(args.templates).read_text(encoding="utf-8")) if args.templates else None,
+        templates=read_templates(args.templates) if args.templates else None,
     )
     results = [evaluate_downstream(m, spec) for m in [args.model, *([args.baseline] if args.baseline else [])]]
     print(markdown_summary(results))
@@ -421,7 +496,7 @@ def cmd_demo(args) -> None:
         f"{args.sample} lines of {raw['corpus']}, measured on the first {args.limit} lines of {raw['heldout']}",
         file=sys.stderr,
     )
-    config = validate(raw, "vocgraft demo")
+    config = validate(raw, "the demo's settings")
     sweep = run_sweep(config, parse_ints(args.k, "k"), args.init.split(","))
     print_sweep(sweep, write_report(sweep, args.out))
 
@@ -685,31 +760,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    from vocgraft.init import MethodInputError
-    from vocgraft.pipeline.config import ConfigError
-    from vocgraft.recipes.expand import ExpandError
-    from vocgraft.recipes.replace import ReplaceError
-    from vocgraft.surgery import SurgeryError
-    from vocgraft.tokenization.marks import MarksError
-    from vocgraft.train.data import TrainingError
+def quiet_libraries() -> None:
+    """Progress bars and INFO logs of the libraries drown our own output (and an error line among them)."""
+    from transformers.utils import logging as hf_logging
 
-    return (
-        CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError, MarksError,
-    )  # fmt: skip
+    hf_logging.disable_progress_bar()  # weight-loading bars
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
+    """The error boundary: an expected failure (bad input, a missing or corrupt file, too little memory) is one line
+    ``vocgraft CMD: error: ...`` and exit 2; Ctrl-C is one line and exit 130 (outputs are cleaned up by the
+    ``finally`` blocks that build them); anything else is a bug: its traceback and a request to report it, exit 1."""
+    import traceback
 
-    hf_logging.disable_progress_bar()  # weight-loading bars drown our own output
+    from vocgraft.failures import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USER_ERROR, REPORT_HINT, expected_message
+    from vocgraft.preflight import check_args, command_name
+
+    args = build_parser().parse_args(argv)
+    name = command_name(args)
     try:
+        quiet_libraries()
+        check_args(args)  # every rule that needs no model, before any work
         args.func(args)
-    except user_errors() as exc:
-        print(f"vocgraft {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"vocgraft {name}: interrupted; partial outputs were removed.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001  (the boundary: sorted into the user's errors and bugs below)
+        message = expected_message(exc)
+        if message is None:
+            traceback.print_exc()
+            print(f"vocgraft {name}: internal error: {REPORT_HINT}", file=sys.stderr)
+            return EXIT_BUG
+        print(f"vocgraft {name}: error: {' '.join(message.split())}", file=sys.stderr)
+        return EXIT_USER_ERROR
     return 0
 
 

@@ -41,30 +41,62 @@ def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
         ) from None
 
 
-def _iter_text_file(path: Path) -> Iterator[str]:
+# what a file that is not UTF-8 text usually is, by its first bytes: (magic, what it is, how to convert it); the
+# UTF-32 marks come before UTF-16's, whose little-endian mark is their prefix
+SIGNATURES = (
+    (b"\xff\xfe\x00\x00", "UTF-32 text (little-endian byte-order mark)", "iconv -f UTF-32 -t UTF-8 {p} > {s}"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text (big-endian byte-order mark)", "iconv -f UTF-32 -t UTF-8 {p} > {s}"),
+    (b"\xff\xfe", "UTF-16 text (little-endian byte-order mark)", "iconv -f UTF-16 -t UTF-8 {p} > {s}"),
+    (b"\xfe\xff", "UTF-16 text (big-endian byte-order mark)", "iconv -f UTF-16 -t UTF-8 {p} > {s}"),
+    (b"\x1f\x8b", "gzip-compressed", "gunzip -k {p}"),
+    (b"BZh", "bzip2-compressed", "bunzip2 -k {p}"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "unxz -k {p}"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "unzstd {p}"),
+    (b"PK\x03\x04", "a zip archive", "unzip {p}, then pass the text file inside"),
+)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def check_plain_text(path: Path) -> None:
+    """Refuse a file that is UTF-16/32 or compressed before reading it as UTF-8 lines: the byte-level error would
+    otherwise suggest a Latin-1 conversion, which turns such a file into mojibake."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    for magic, what, fix in SIGNATURES:
+        if head.startswith(magic):
+            converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+            raise CorpusError(
+                f"{path} is {what}, not UTF-8 text; convert it first: `{fix.format(p=path, s=converted)}`."
+            )
+
+
+def _file_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    check_plain_text(path)
     with path.open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
-            yield _decode_line(raw, path, line_no)
+            yield line_no, raw[len(UTF8_BOM) :] if line_no == 1 and raw.startswith(UTF8_BOM) else raw
+
+
+def _iter_text_file(path: Path) -> Iterator[str]:
+    for line_no, raw in _file_lines(path):
+        yield _decode_line(raw, path, line_no)
 
 
 def _iter_jsonl_file(path: Path, field: str) -> Iterator[str]:
-    with path.open("rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            text = _decode_line(raw, path, line_no).strip()
-            if not text:
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(f"{path}:{line_no}: not valid JSON ({exc.msg}). Each line must be one object.")
-            if not isinstance(record, dict) or field not in record:
-                raise CorpusError(
-                    f"{path}:{line_no}: no field {field!r}; pass the field holding the text (--field NAME)."
-                )
-            value = record[field]
-            if not isinstance(value, str):
-                raise CorpusError(f"{path}:{line_no}: field {field!r} is {type(value).__name__}, not a string.")
-            yield value
+    for line_no, raw in _file_lines(path):
+        text = _decode_line(raw, path, line_no).strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{path}:{line_no}: not valid JSON ({exc.msg}). Each line must be one object.")
+        if not isinstance(record, dict) or field not in record:
+            raise CorpusError(f"{path}:{line_no}: no field {field!r}; pass the field holding the text (--field NAME).")
+        value = record[field]
+        if not isinstance(value, str):
+            raise CorpusError(f"{path}:{line_no}: field {field!r} is {type(value).__name__}, not a string.")
+        yield value
 
 
 def _iter_hf_dataset(spec: str, field: str) -> Iterator[str]:

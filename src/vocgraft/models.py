@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -95,12 +96,21 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
 
 def gguf_to_hf_dir(gguf_path: Path) -> Path:
     """The cached HF directory for a GGUF file, converting it on first use."""
+    with gguf_path.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ModelLoadError(f"{gguf_path} is not a GGUF file (it does not start with 'GGUF'); re-download it.")
     target = cache_dir() / "gguf" / file_sha256(gguf_path)
     if not (target / "config.json").is_file():
         problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
         if problem:
             raise ModelLoadError(f"{gguf_path.name}: {problem}.")
-        _convert_gguf(gguf_path, target)
+        try:
+            _convert_gguf(gguf_path, target)
+        except (ValueError, KeyError, IndexError, EOFError, struct.error) as exc:  # what a damaged file raises
+            raise ModelLoadError(
+                f"{gguf_path} is a damaged or unsupported GGUF file ({exc}); re-download it, or give a Hugging Face "
+                "model directory."
+            ) from None
     return target
 
 
@@ -127,25 +137,97 @@ def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
     return spec  # a hub id: same code path as a directory
 
 
+def _hub_cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str) or isinstance(
+            try_to_load_from_cache(repo_id, "tokenizer_config.json"), str
+        )
+    except Exception:  # noqa: BLE001  (an invalid repo id: the download will say so)
+        return False
+
+
+def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
+    """A hub id that is not in the local cache while offline (HF_HUB_OFFLINE, or the hub cannot be reached in a few
+    seconds) fails at once with what to do, instead of after a minute of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if Path(repo_id).exists() or _hub_cached(repo_id):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    reason = "HF_HUB_OFFLINE is set"
+    if not offline and not any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        except OSError as exc:
+            offline, reason = True, f"{endpoint.hostname} cannot be reached: {exc.strerror or exc}"
+    if offline:
+        raise ModelLoadError(
+            f"{repo_id!r} is not a local path, and it is not in the Hugging Face cache while offline ({reason}); "
+            "check the spelling, give a local model directory, or download it where the hub can be reached."
+        )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _tokenizer_error(spec, where: str, exc: Exception) -> ModelLoadError:
+    folder = Path(where)
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return ModelLoadError(
+            f"{spec} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); save the tokenizer with the model "
+            "(tokenizer.save_pretrained(DIR)) or copy it there from the source model."
+        )
+    return ModelLoadError(f"could not load a tokenizer from {spec!r}: {' '.join(str(exc).split())}")
+
+
 def load_tokenizer(spec: str | os.PathLike):
     from transformers import AutoTokenizer
 
     where = resolve(spec, tokenizer_only=True)
+    check_hub_reachable(where)
     try:
         return AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load a tokenizer from {spec!r}: {exc}") from exc
+        raise _tokenizer_error(spec, where, exc) from None
+
+
+def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
+    """Name the weights file a SafetensorError came from (the library's message does not)."""
+    from safetensors import safe_open
+
+    bad = []
+    for file in sorted(Path(where).glob("*.safetensors")) if Path(where).is_dir() else []:
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                for key in fh.keys():
+                    fh.get_slice(key)
+        except Exception:  # noqa: BLE001  (any failure to read it: this is the damaged file)
+            bad.append(str(file))
+    files = ", ".join(bad) or f"the weights of {spec}"
+    return ModelLoadError(f"{files} is corrupt or truncated ({exc}); re-download or re-save the model.")
 
 
 def load_model(spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, tokenizer=None):
     """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode.
     ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = resolve(spec)
+    check_hub_reachable(where)
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where)
+        except (OSError, ValueError) as exc:
+            raise _tokenizer_error(spec, where, exc) from None
     try:
-        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(dtype))
+    except SafetensorError as exc:
+        raise _weights_error(spec, where, exc) from None
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
     model.eval()

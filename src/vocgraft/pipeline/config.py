@@ -173,12 +173,70 @@ def validate(raw: dict, source: str = "config") -> dict:
         )
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
+    check_values(config, source)
     named = {key: config[key] for key in ("corpus", "heldout")}
     named |= {f"eval.{key}": config["eval"][key] for key in ("mt", "nli", "sum", "span") if config["eval"][key]}
     for key, value in named.items():
         if not Path(value).exists():
             raise ConfigError(f"{source}: {key} {value!r} does not exist (paths are relative to where you run).")
+    from vocgraft.corpus import CorpusError
+    from vocgraft.outdir import OutputExistsError, check_output_path
+    from vocgraft.preflight import check_text_file
+
+    try:
+        for key in ("corpus", "heldout"):
+            check_text_file(config[key], key)
+        check_output_path(config["out"], "out")
+    except (CorpusError, OutputExistsError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return config
+
+
+# section.key -> (test, what it must be): the ranges the CLI's flags have (preflight.RULES), for the YAML keys
+def _ranges() -> dict[str, tuple]:
+    from vocgraft.preflight import AT_LEAST_1, MIN_VOCAB, RULES
+
+    return {
+        "sample": AT_LEAST_1,
+        "adapt.aux_vocab_size": RULES["aux_vocab_size"],
+        "adapt.vocab_size": (lambda v: v >= MIN_VOCAB, RULES["vocab_size"][1]),
+        "adapt.protect_lines": AT_LEAST_1,
+        **{f"train.{key}": RULES[key] for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "lr")},
+        "train.warmup_steps": RULES["warmup_steps"],
+        "train.sample": AT_LEAST_1,
+        "train.val_lines": AT_LEAST_1,
+        "eval.limit": AT_LEAST_1,
+        "eval.max_length": RULES["max_length"],
+        "eval.mt_limit": AT_LEAST_1,
+        "eval.shots": RULES["shots"],
+        "eval.prompts": (lambda v: v >= 0, "at least 0"),
+        "eval.max_new_tokens": AT_LEAST_1,
+        "report.tolerance": RULES["tolerance"],
+    }
+
+
+def check_values(config: dict, source: str) -> None:
+    """Ranges, names and script lists of a validated config, before any stage runs."""
+    from vocgraft.preflight import ArgumentError, check_scripts
+    from vocgraft.train.objectives import OBJECTIVES
+    from vocgraft.train.strategies import STRATEGIES
+
+    for name, (test, wanted) in _ranges().items():
+        section, _, key = name.rpartition(".")
+        holder = config[section] if section else config
+        if holder is None or holder.get(key) is None:
+            continue
+        if not test(holder[key]):
+            raise ConfigError(f"{source}: {name} must be {wanted}; got {holder[key]}.")
+    train = config["train"]
+    if train is not None:
+        for key, allowed in (("strategy", STRATEGIES), ("objective", OBJECTIVES)):
+            if train[key] not in allowed:
+                raise ConfigError(f"{source}: train.{key} {train[key]!r} is not one of {', '.join(allowed)}.")
+    try:
+        check_scripts(config["adapt"]["scripts"], "adapt.scripts")
+    except ArgumentError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_config(path: str | Path) -> dict:

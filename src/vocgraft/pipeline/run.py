@@ -190,7 +190,9 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
     protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
-    scripts = {"auto": "auto", "any": None}.get(adapt["scripts"], [x.strip() for x in adapt["scripts"].split(",")])
+    scripts = {"auto": "auto", "any": None}.get(
+        adapt["scripts"], [x.strip().upper() for x in adapt["scripts"].split(",")]
+    )
     _, result = expand_model(
         config["model"],
         lines,

@@ -17,7 +17,7 @@ from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import check_method_inputs, init_and_graft, method_resources, method_stats, save_adapted
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
-from vocgraft.tokenization.expand import expandable_family
+from vocgraft.tokenization.expand import check_pair, expandable_family
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.scripts import dominant_scripts
 from vocgraft.tokenization.spec import tokenizer_family
@@ -42,12 +42,13 @@ class Expanded:
     marks: MarksChoice | None = None  # whether the split regex was rewritten to keep combining marks, and why
 
 
-def check_expandable(source_tokenizer) -> None:
-    """Refuse, before any work, a source tokenizer expansion cannot edit (WordPiece, Unigram, ...)."""
+def check_expandable(source_tokenizer, name: str | None = None) -> None:
+    """Refuse, before any work, a source tokenizer expansion cannot edit (WordPiece, Unigram, ...); ``name``: the
+    model spec, for the message."""
     try:
         expandable_family(source_tokenizer)
     except ValueError as exc:
-        raise ExpandError(str(exc)) from None
+        raise ExpandError(f"--model {name}: {exc}" if name else str(exc)) from None
 
 
 def train_aux_tokenizer(source_tokenizer, lines: Sequence[str], vocab_size: int, seed: int = 0):
@@ -149,9 +150,14 @@ def expand_model(
     check_method_inputs(init, method_inputs)
     check_setting(keep_marks)
     source_tokenizer = load_tokenizer(model_spec)
-    check_expandable(source_tokenizer)  # before the model is loaded
-    model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
+    check_expandable(source_tokenizer, str(model_spec))  # before the model is loaded
     aux = load_tokenizer(aux_tokenizer_spec) if aux_tokenizer_spec else None
+    if aux is not None:  # before the model is loaded: a Unigram or WordPiece aux tokenizer cannot give merges
+        try:
+            check_pair(source_tokenizer, aux)
+        except ValueError as exc:
+            raise ExpandError(f"--aux-tokenizer {aux_tokenizer_spec}: {exc}") from None
+    model, source_tokenizer = load_model(model_spec, tokenizer=source_tokenizer)
     result = expand_loaded(
         model,
         source_tokenizer,

@@ -34,6 +34,26 @@ class VocadtSettings:
         return dataclasses.asdict(self)
 
 
+def check_dense_memory(settings: VocadtSettings, model_spec: str) -> None:
+    """Before anything is loaded: refuse a dense |Vnew| x |Vold| adapter whose training state (weights, gradients,
+    AdamW moments) cannot fit in the memory available, with the size and the flag that helps."""
+    from transformers import AutoConfig
+
+    from vocgraft.models import load_tokenizer, resolve
+    from vocgraft.preflight import check_memory
+    from vocgraft.train.vocadt import adapter_memory
+
+    n_old = AutoConfig.from_pretrained(resolve(model_spec)).vocab_size
+    n_new = len(load_tokenizer(settings.tokenizer)) if settings.tokenizer else settings.vocab_size
+    modules = 1 if settings.adapters == "shared" else 2
+    needed = adapter_memory(n_new, n_old, None, adapters=modules)["dense_training_bytes"]
+    check_memory(
+        needed,
+        f"--dense: {modules} adapter(s) of {n_new:,} x {n_old:,} with gradients and AdamW state",
+        "drop --dense for the sparse form (--max-candidates K keeps K old rows per new row), or lower --vocab-size.",
+    )
+
+
 def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     """Build the adapters, train them, save the merged model to ``config.out``; returns the training summary
     with the adapter's facts under ``"vocadt"``."""
@@ -60,6 +80,8 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     if config.objective != "clm":
         raise TrainingError("VocADT trains with the CLM objective only (the MTP head would need its own adapter).")
     check_writable(config.out, config.overwrite)  # before minutes of work
+    if settings.candidates is None:
+        check_dense_memory(settings, config.model)
     config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
     timings = {}
     start = time.perf_counter()

@@ -140,6 +140,11 @@ def expandable_family(source_tokenizer: Any) -> str:
     return family
 
 
+def check_pair(source_tokenizer: Any, aux_tokenizer: Any) -> str:
+    """The shared family of a (source, auxiliary) tokenizer pair expansion can use; a ValueError otherwise."""
+    return _check_pair(_spec(source_tokenizer, "source"), _spec(aux_tokenizer, "auxiliary"))
+
+
 def _check_pair(source_spec: dict, aux_spec: dict) -> str:
     """The shared family of a supported (source, auxiliary) pair; a ValueError saying what to do otherwise."""
     source, aux = bpe_family(source_spec), bpe_family(aux_spec)

@@ -29,15 +29,25 @@ def char_script(ch: str) -> str | None:
     return name.split(" ", 1)[0] if name else None
 
 
-def dominant_scripts(lines: Iterable[str], min_share: float = DOMINANT_SHARE, max_lines: int = 4000) -> set[str]:
-    """Scripts holding at least ``min_share`` of the letters and marks in the first ``max_lines`` lines."""
+def script_shares(lines: Iterable[str], max_lines: int = 4000) -> dict[str, float]:
+    """Each script's share of the letters and marks in the first ``max_lines`` lines, largest first."""
     counts: Counter[str] = Counter()
     for i, line in enumerate(lines):
         if i >= max_lines:
             break
         counts.update(s for s in map(char_script, line) if s is not None)
     total = sum(counts.values())
-    return {script for script, n in counts.items() if total and n / total >= min_share}
+    return {script: n / total for script, n in counts.most_common()}
+
+
+def dominant_scripts(lines: Iterable[str], min_share: float = DOMINANT_SHARE, max_lines: int = 4000) -> set[str]:
+    """Scripts holding at least ``min_share`` of the letters and marks in the first ``max_lines`` lines."""
+    return {script for script, share in script_shares(lines, max_lines).items() if share >= min_share}
+
+
+def describe_shares(shares: dict[str, float], top: int = 3) -> str:
+    """``GREEK 91%, LATIN 9%``; ``no letters`` for text without any."""
+    return ", ".join(f"{script} {share:.0%}" for script, share in list(shares.items())[:top]) or "no letters"
 
 
 def in_scripts(canonical: bytes, scripts: set[str]) -> bool:

@@ -40,6 +40,11 @@ from vocgraft.outdir import atomic_output_dir, write_manifest
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import is_bytelevel, tokenizer_spec
 
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be trained as asked (size, corpus, ``like``); the message says what to change."""
+
+
 TOKENIZER_KINDS = ("bytelevel-bpe", "sp-bpe", "sp-unigram")
 SENTENCEPIECE_FILE = "sentencepiece.model"
 # Not "tokenizer.model": transformers treats that name as a slow/tiktoken vocabulary and may try to load it.
@@ -77,7 +82,7 @@ def train_tokenizer(
     SentencePiece gets the seed for its RNG).
     """
     if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}.")
+        raise TokenizerError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}.")
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise TypeError(f"vocab_size must be an integer, got {vocab_size!r}.")
     stream = _non_empty(lines)
@@ -96,7 +101,7 @@ class _non_empty:
         it = (line for line in lines if line and line.strip())
         first = next(it, None)
         if first is None:
-            raise ValueError("the corpus for tokenizer training is empty; give at least one non-empty line.")
+            raise TokenizerError("the corpus for tokenizer training is empty; give at least one non-empty line.")
         self._it: Iterator[str] = itertools.chain([first], it)
         self.count = 0
 
@@ -145,7 +150,7 @@ def _train_bytelevel(
     if like is not None:
         spec = _backend_json(like)
         if not is_bytelevel(spec):
-            raise ValueError(
+            raise TokenizerError(
                 "like= must be a byte-level BPE tokenizer for kind 'bytelevel-bpe' "
                 f"(its model is {spec['model'].get('type')} without a ByteLevel pre-tokenizer); "
                 "use kind 'sp-bpe' for SentencePiece-style sources."
@@ -161,7 +166,7 @@ def _train_bytelevel(
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     minimum = len(alphabet) + len(specials) + 1
     if vocab_size < minimum:
-        raise ValueError(
+        raise TokenizerError(
             f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs the 256 byte symbols and "
             f"{len(specials)} special token(s) plus at least one merge; use vocab_size >= {minimum}."
         )
@@ -245,7 +250,7 @@ def _train_sentencepiece(
     # the control pieces plus 256 byte pieces come before any learned piece
     minimum = len(pieces) + 256 + 1
     if vocab_size < minimum:
-        raise ValueError(
+        raise TokenizerError(
             f"vocab_size={vocab_size} is too small for {kind}: it needs {', '.join(pieces.values())}, 256 "
             f"byte-fallback pieces and the characters of the corpus; use vocab_size >= {minimum} (several hundred "
             "more in practice)."
@@ -266,7 +271,7 @@ def _train_sentencepiece(
         "input_sentence_size": 0,
         "shuffle_input_sentence": False,
         "num_threads": 1,
-        "minloglevel": 0 if show_progress else 2,
+        "minloglevel": 1 if show_progress else 2,  # its INFO lines (I0000 ...) flood the terminal
     }
     for role in ROLES:
         short = role.removesuffix("_token")
@@ -282,7 +287,7 @@ def _train_sentencepiece(
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=writer, **options)
     except RuntimeError as exc:  # sentencepiece reports bad sizes as RuntimeError with its own advice
-        raise ValueError(
+        raise TokenizerError(
             f"SentencePiece could not train a {kind} tokenizer with vocab_size={vocab_size}: {exc}"
         ) from None
     proto = writer.getvalue()

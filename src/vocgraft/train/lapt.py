@@ -126,6 +126,13 @@ def _check_config(config: TrainConfig) -> None:
     for name in ("seq_len", "batch_size", "grad_accum", "save_every", "val_lines"):
         if getattr(config, name) <= 0:
             raise TrainingError(f"--{name.replace('_', '-')} must be positive; got {getattr(config, name)}.")
+    if config.seq_len < 2:  # one token has no next token to predict: every loss would be nan
+        raise TrainingError(f"--seq-len must be at least 2; got {config.seq_len}.")
+    for name in ("lr", "weight_decay", "max_grad_norm"):
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "weight_decay"):
+            bound = ">= 0" if name == "weight_decay" else "> 0"
+            raise TrainingError(f"--{name.replace('_', '-')} must be a finite number {bound}; got {value}.")
     if config.max_steps is None and config.epochs <= 0:
         raise TrainingError(f"--epochs must be positive; got {config.epochs}.")
     if config.max_steps is not None and config.max_steps <= 0:

@@ -1,0 +1,73 @@
+"""The CLI's error boundary: which failures are the user's to fix (one line, exit 2) and which are bugs (a traceback
+and a request to report it, exit 1).
+
+Expected failures are vocgraft's own errors (every one names the input and the fix), plus what the libraries raise
+for a missing or unreadable path, a full disk, a corrupt weights file or too little memory; for those the message is
+built here from what the exception carries (the file name, the OS's reason).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+
+EXIT_USER_ERROR = 2
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+REPORT_HINT = (
+    "this is a bug in vocgraft, not in your input: please report it with the command line and the traceback above."
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """vocgraft's own error types: their messages name the input and the fix."""
+    from vocgraft.corpus import CorpusError
+    from vocgraft.init import MethodInputError
+    from vocgraft.models import ModelLoadError
+    from vocgraft.outdir import OutputExistsError
+    from vocgraft.pipeline.config import ConfigError
+    from vocgraft.preflight import ArgumentError
+    from vocgraft.recipes.expand import ExpandError
+    from vocgraft.recipes.replace import ReplaceError
+    from vocgraft.surgery import SurgeryError
+    from vocgraft.tokenization.marks import MarksError
+    from vocgraft.tokenization.train import TokenizerError
+    from vocgraft.train.data import TrainingError
+
+    return (
+        CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
+        ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError,
+    )  # fmt: skip
+
+
+def _os_message(exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else None
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        writing = f" writing {where}" if where else ""
+        return f"no space left on the device{writing}; free some space or choose another --out."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{where or 'a path'}: {reason}; fix its permissions or choose another path."
+    if where is not None:
+        return f"{where}: {reason}; check the path."
+    return f"{reason}"
+
+
+def expected_message(exc: BaseException) -> str | None:
+    """The one-line message for an expected failure, or None for a bug."""
+    if isinstance(exc, user_errors()):
+        return str(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); fix the JSON file named above."
+    if isinstance(exc, MemoryError):
+        return "out of memory; lower --batch-size, --seq-len or --sample, or use a machine with more memory."
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return "out of GPU memory; lower --batch-size or --seq-len, or use a larger GPU."
+    except (ImportError, AttributeError):
+        pass
+    if isinstance(exc, OSError):
+        return _os_message(exc)
+    return None

@@ -1,0 +1,302 @@
+"""Checks of a command's arguments before any work: numbers in range, input files present and readable as text,
+outputs creatable, and the cross-argument rules of each subcommand.
+
+Every rule names the flag at fault and the fix; the CLI runs :func:`check_args` before the command itself, so a
+typo costs a second instead of a finished run that fails while writing (or, worse, a useless model with exit 0).
+Rules are keyed by argparse destination names, so a flag added to any subcommand gets the same rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class ArgumentError(ValueError):
+    """An argument that cannot work; the message names the flag and the fix."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+# dest -> (test, what it must be); a value of None (the flag not given) is never checked
+Rule = tuple[Callable[[Any], bool], str]
+AT_LEAST_1: Rule = (lambda v: v >= 1, "positive")
+POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "> 0 (a finite number)")
+NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, ">= 0 (a finite number)")
+# 256 byte symbols (or byte-fallback pieces) plus the special tokens come before any learned token
+MIN_VOCAB = 300
+RULES: dict[str, Rule] = {
+    # a training sequence needs a token and the next one to predict: with 1 every loss is nan
+    "seq_len": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
+    "max_length": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
+    "lr": POSITIVE,
+    "minutes": POSITIVE,
+    "epochs": POSITIVE,
+    "max_grad_norm": POSITIVE,
+    "weight_decay": NON_NEGATIVE,
+    "alpha": NON_NEGATIVE,
+    "stage1_share": (lambda v: _finite(v) and 0 < v < 1, "between 0 and 1 (exclusive)"),
+    "tolerance": (lambda v: _finite(v) and 0 <= v <= 1, "a fraction between 0 and 1 (0.02 = 2%)"),
+    "vocab_size": (
+        lambda v: v >= MIN_VOCAB,
+        f"at least {MIN_VOCAB} (256 byte pieces + special tokens; thousands in practice)",
+    ),  # fmt: skip
+    "aux_vocab_size": (
+        lambda v: v >= MIN_VOCAB,
+        f"at least {MIN_VOCAB} (256 byte pieces + special tokens; thousands in practice)",
+    ),  # fmt: skip
+    "warmup_steps": (lambda v: v >= 0, "at least 0"),
+    "shots": (lambda v: v >= 0, "at least 0"),
+    "steps": (lambda v: v >= 0, "at least 0"),
+    **{
+        name: AT_LEAST_1
+        for name in (
+            "sample",
+            "limit",
+            "eval_limit",
+            "batch_size",
+            "grad_accum",
+            "max_steps",
+            "save_every",
+            "val_lines",
+            "eval_every",
+            "new_tokens",
+            "max_lines",
+            "num_prompts",
+            "max_new_tokens",
+            "mt_limit",
+            "mt_max_new_tokens",
+            "jobs",
+            "max_candidates",
+        )
+    },  # fmt: skip
+}
+# local text files read as corpora (hf:... specs and folders are checked when read)
+TEXT_INPUTS = ("corpus", "heldout", "protect", "text", "prompts", "mt")
+# local files of another kind: must exist
+FILE_INPUTS = ("templates", "config")
+
+
+def check_numbers(args: Any) -> None:
+    for dest, (test, wanted) in RULES.items():
+        value = getattr(args, dest, None)
+        if value is None or isinstance(value, bool):
+            continue
+        if not test(value):
+            raise ArgumentError(f"{_flag(dest)} must be {wanted}; got {value}.")
+    for weight in getattr(args, "corpus_weights", None) or []:
+        if not (_finite(weight) and weight > 0):
+            raise ArgumentError(f"--corpus-weights must be finite numbers > 0; got {weight}.")
+
+
+def check_text_file(path: str | Path, flag: str) -> None:
+    """A local corpus file exists and is not UTF-16/32 or compressed (folders and hf: specs pass)."""
+    from vocgraft.corpus import CorpusError, check_plain_text
+
+    if str(path).startswith("hf:"):
+        return
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"{flag} {path} does not exist; check the path.")
+    if path.is_file():
+        check_plain_text(path)
+
+
+def check_inputs(args: Any) -> None:
+    for dest in TEXT_INPUTS:
+        value = getattr(args, dest, None)
+        for path in value if isinstance(value, list) else [value] if value else []:
+            check_text_file(path, _flag(dest))
+    for dest in FILE_INPUTS:
+        value = getattr(args, dest, None)
+        if value and not Path(value).is_file():
+            raise ArgumentError(f"{_flag(dest) if dest != 'config' else 'config'} {value}: no such file.")
+
+
+def check_outputs(args: Any) -> None:
+    from vocgraft.outdir import check_output_path, remove_stale_temp_dirs
+
+    if getattr(args, "out", None):
+        out = check_output_path(args.out, "--out")
+        remove_stale_temp_dirs(out.parent)  # what a killed run into the same folder left behind
+    if getattr(args, "checkpoint_dir", None):
+        check_output_path(args.checkpoint_dir, "--checkpoint-dir")
+    if getattr(args, "json", None):
+        check_output_path(args.json, "--json", directory=False)
+
+
+@functools.cache
+def known_scripts() -> frozenset[str]:
+    """Every script name :func:`~vocgraft.tokenization.scripts.char_script` can return (first words of the
+    Unicode names of letters and marks)."""
+    import sys
+
+    from vocgraft.tokenization.scripts import char_script
+
+    return frozenset(filter(None, (char_script(chr(c)) for c in range(sys.maxunicode + 1))))
+
+
+def check_scripts(value: str | None, flag: str = "--scripts") -> list[str] | None:
+    """The script names of ``--scripts`` (None for auto/any), each one a known script."""
+    if value is None or value in ("auto", "any"):
+        return None
+    names = [name.strip().upper() for name in value.split(",") if name.strip()]
+    if not names:
+        raise ArgumentError(f"{flag} {value!r}: give auto, any, or script names such as GREEK or DEVANAGARI.")
+    unknown = [name for name in names if name not in known_scripts()]
+    if unknown:
+        close = sorted(s for s in known_scripts() if s.startswith(unknown[0][:2]))[:6]
+        hint = f" (similar: {', '.join(close)})" if close else ""
+        raise ArgumentError(
+            f"{flag} {unknown[0]!r} is not a script name{hint}; use the first word of the Unicode names of its "
+            "letters, e.g. GREEK, DEVANAGARI, CYRILLIC, HIRAGANA,KATAKANA,CJK, or auto."
+        )
+    return names
+
+
+def read_templates(path: str | Path) -> dict:
+    """``--templates``: a JSON object, with the file and the position of a syntax error named."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArgumentError(f"--templates {path}: no such file.") from None
+    except UnicodeDecodeError:
+        raise ArgumentError(f"--templates {path}: not UTF-8 text.") from None
+    except json.JSONDecodeError as exc:
+        raise ArgumentError(
+            f"--templates {path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
+        ) from None
+    if not isinstance(data, dict):
+        raise ArgumentError(
+            f"--templates {path}: expected a JSON object {{task: template, 'nli_labels': [...]}}, "
+            f"got {type(data).__name__}."
+        )
+    return data
+
+
+def _check_downstream(args: Any) -> None:
+    if not (args.prompts or args.mt or args.task):
+        raise ArgumentError(
+            "nothing to evaluate: give --prompts (generation speed), --mt (translation) or --task (nli/sum/span)."
+        )
+    if args.templates:
+        read_templates(args.templates)
+    if args.mt:
+        from vocgraft.eval.mt import read_pairs
+
+        pairs = read_pairs(args.mt)
+        if len(pairs) <= args.shots:
+            raise ArgumentError(
+                f"--shots {args.shots} takes every pair of --mt {args.mt} ({len(pairs)} pairs), leaving none to "
+                "test; lower --shots or give more pairs."
+            )
+
+
+def _check_expand(args: Any) -> None:
+    check_scripts(args.scripts)
+
+
+def _check_plm(args: Any) -> None:
+    if args.minutes is None and args.steps is None:
+        raise ArgumentError("give --minutes or --steps: training needs a budget.")
+
+
+def _check_sweep(args: Any) -> None:
+    from vocgraft.pipeline.sweep import parse_ints
+
+    for name in ("k", "sizes"):
+        if getattr(args, name):
+            parse_ints(getattr(args, name), name)
+
+
+def _check_demo(args: Any) -> None:
+    from vocgraft.corpus import SHARED_CORPORA
+    from vocgraft.pipeline.sweep import parse_ints
+
+    folder = SHARED_CORPORA / args.lang
+    if not (folder / "train.txt").is_file() or not (folder / "heldout.txt").is_file():
+        have = sorted(p.name for p in SHARED_CORPORA.iterdir() if p.is_dir()) if SHARED_CORPORA.is_dir() else []
+        raise ArgumentError(
+            f"--lang {args.lang}: no corpus in {folder} (train.txt and heldout.txt); "
+            + (f"choose one of {', '.join(have)}." if have else "set VOCGRAFT_CORPORA to the shared corpora.")
+        )
+    parse_ints(args.k, "k")
+
+
+COMMAND_CHECKS: dict[str, Callable[[Any], None]] = {
+    "downstream": _check_downstream,
+    "expand": _check_expand,
+    "plm train": _check_plm,
+    "sweep": _check_sweep,
+    "demo": _check_demo,
+}
+
+
+def command_name(args: Any) -> str:
+    """``tokenizer train``, ``expand``, ...: the words the user typed to pick the subcommand."""
+    words = [args.command]
+    for dest in ("tokenizer_command", "plm_command"):
+        if getattr(args, dest, None):
+            words.append(getattr(args, dest))
+    return " ".join(words)
+
+
+def check_args(args: Any) -> None:
+    """Every rule that needs no model: numbers, input files, outputs, the subcommand's own rules."""
+    check_numbers(args)
+    check_inputs(args)
+    check_outputs(args)
+    check = COMMAND_CHECKS.get(command_name(args))
+    if check is not None:
+        check(args)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+
+
+def memory_limit_bytes() -> int | None:
+    """Memory a new allocation may take: ``VOCGRAFT_MEMORY_LIMIT`` (e.g. ``24GiB``) if set, else the free GPU
+    memory when CUDA is in use, else the system's available memory (Linux); None when unknown."""
+    setting = os.environ.get("VOCGRAFT_MEMORY_LIMIT")
+    if setting:
+        match = _SIZE.match(setting)
+        if not match:
+            raise ArgumentError(f"VOCGRAFT_MEMORY_LIMIT={setting!r}: expected a size such as 24GiB or 512MiB.")
+        return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.mem_get_info()[0]
+    except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(needed: int, what: str, fix: str) -> None:
+    """Refuse an allocation of ``needed`` bytes that does not fit, before it is attempted."""
+    limit = memory_limit_bytes()
+    if limit is not None and needed > limit:
+        raise ArgumentError(
+            f"{what} needs about {needed / 2**30:.1f} GiB but only {limit / 2**30:.1f} GiB is available; {fix}"
+        )

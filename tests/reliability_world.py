@@ -1,0 +1,125 @@
+"""The inputs of the reliability battery (tests/test_reliability*.py): a tiny model, small corpora in several
+scripts, and the broken files a careless or unlucky user hands over (UTF-16, compressed, truncated weights, ...).
+
+Everything is built once per module in a temporary folder, in seconds, from the shared corpora.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tiny import lines, tiny_source_dir, tiny_unigram_tokenizer, tiny_wordpiece_tokenizer
+
+import vocgraft
+
+SRC = Path(vocgraft.__file__).resolve().parents[1]  # the code under test (a subprocess runs the same)
+
+
+def build_world(root: Path) -> Path:
+    """``root`` with: ``source/`` (tiny tied Llama, byte-level BPE), ``el.txt``/``en.txt``/``ja.txt``,
+    broken corpora, odd tokenizers and models, a parallel file, templates and pipeline configs."""
+    tiny_source_dir(root, tied=True, el=lines("el", 300), en=lines("en", 200), ja=lines("ja", 150))
+    el = (root / "el.txt").read_bytes()
+    text = el.decode("utf-8")
+    (root / "heldout-el.txt").write_text("\n".join(lines("el", 400)[300:]) + "\n", encoding="utf-8")
+    (root / "utf16.txt").write_bytes(text.encode("utf-16"))  # with a BOM, as Windows editors save it
+    (root / "utf32.txt").write_bytes(text.encode("utf-32"))
+    (root / "el.txt.gz").write_bytes(gzip.compress(el))
+    (root / "el.txt.bz2").write_bytes(bz2.compress(el))
+    (root / "el.txt.xz").write_bytes(lzma.compress(el))
+    with zipfile.ZipFile(root / "el.zip", "w") as archive:
+        archive.writestr("el.txt", el)
+    (root / "gz-named.txt").write_bytes(gzip.compress(el))  # a compressed file under a .txt name
+    (root / "latin1.txt").write_bytes("café crème\nnaïve déjà vu\n".encode("latin-1"))
+    (root / "empty.txt").write_bytes(b"")
+    (root / "blank.txt").write_text("\n   \n\t\n", encoding="utf-8")
+    (root / "crlf.txt").write_bytes(el.replace(b"\n", b"\r\n"))
+    (root / "bom8.txt").write_bytes(b"\xef\xbb\xbf" + el)
+    (root / "wrong-field.jsonl").write_text('{"body": "x"}\n', encoding="utf-8")
+    (root / "bad.jsonl").write_text('{"text": "x"\n', encoding="utf-8")
+    (root / "nofiles").mkdir()
+    (root / "afile").write_text("a plain file\n", encoding="utf-8")
+
+    tiny_unigram_tokenizer().save_pretrained(root / "unigram")
+    tiny_wordpiece_tokenizer().save_pretrained(root / "wordpiece")
+
+    (root / "corrupt.gguf").write_bytes(b"GGUF" + os.urandom(2000))
+    shutil.copytree(root / "source", root / "truncated")
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    shutil.copytree(root / "source", root / "notokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (root / "notokenizer" / name).unlink(missing_ok=True)
+    (root / "noconfig").mkdir()
+    (root / "noconfig" / "weights.bin").write_bytes(b"")
+    # a model directory asking to run its own code: it must load as the plain Llama it says it is, never run evil.py
+    shutil.copytree(root / "source", root / "evil")
+    config = json.loads((root / "evil" / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel", "AutoConfig": "evil.EvilConfig"}
+    (root / "evil" / "config.json").write_text(json.dumps(config))
+    marker = root / "evil-ran"
+    (root / "evil" / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+
+    pairs = [
+        f"{en}\t{el}" for en, el in zip(["Good morning.", "Thank you.", "Where is it?", "Yes.", "No."], lines("el", 5))
+    ]
+    (root / "pairs.tsv").write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    (root / "templates-bad.json").write_text('{"nli": "x" ', encoding="utf-8")
+    (root / "templates-list.json").write_text("[1, 2]", encoding="utf-8")
+    (root / "nli.jsonl").write_text(
+        json.dumps({"premise": "a", "hypothesis": "b", "label": "entailment"}) + "\n", encoding="utf-8"
+    )
+    return root
+
+
+def write_config(root: Path, name: str, **changes) -> Path:
+    """A pipeline YAML on the tiny source with ``changes`` (section.key=value as nested dicts) applied."""
+    import yaml
+
+    config = {
+        "model": str(root / "source"),
+        "corpus": str(root / "el.txt"),
+        "heldout": str(root / "heldout-el.txt"),
+        "lang": "el",
+        "out": str(root / "runs" / name),
+        "adapt": {"mode": "expand", "new_tokens": 20, "init": "mean", "aux_vocab_size": 600},
+        "eval": {"limit": 20, "max_length": 64},
+    }
+    for key, value in changes.items():
+        section, _, sub = key.partition("__")
+        if sub:
+            config.setdefault(section, {})[sub] = value
+        else:
+            config[section] = value
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def cli_process(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
+    """`python -m vocgraft.cli ARGS` in a new process (its own process group, so a signal reaches only it)."""
+    env = os.environ | {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "vocgraft.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
+
+
+def snapshot(root: Path) -> set[str]:
+    """Every path under ``root`` (hidden ones included), relative."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
