@@ -35,7 +35,7 @@ from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import train_tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ["random", "multivariate", "mean", "focus", "salt", "salt-centered"]  # registry methods
+METHODS = ["random", "multivariate", "mean", "merge", "align", "focus", "salt", "salt-centered"]  # registry methods
 
 
 def main() -> None:
@@ -66,6 +66,7 @@ def main() -> None:
     }
     _, source_tokenizer = load_model(args.model)
     for lang in args.langs:
+        lang_start = time.perf_counter()
         train = read_lines(SHARED_CORPORA / lang / "train.txt", limit=args.train_lines)
         heldout = read_lines(SHARED_CORPORA / lang / "heldout.txt", limit=args.eval_lines)
         entry = report["languages"][lang] = {"train_lines": len(train), "eval_lines": len(heldout), "runs": []}
@@ -139,7 +140,8 @@ def main() -> None:
             entry["deepfocus"] = compare_with_deepfocus(model, source_tokenizer, target, train)
             end = entry["deepfocus"]["end_to_end"]
             print(f"{lang} deepfocus: ours {end['ours_s']:.1f} s vs {end['deepfocus_s']:.1f} s", flush=True)
-            write_json(f"{args.out}.json", report)
+        entry["wall_seconds"] = time.perf_counter() - lang_start
+        write_json(f"{args.out}.json", report)
     write_markdown(report, f"{args.out}.md")
 
 
@@ -148,8 +150,11 @@ def write_markdown(report: dict, path: str) -> None:
         f"# Vocabulary replacement right after initialization: {report['model']}\n",
         f"{report['machine']}, {report['date']}. Bits/byte on the first {report['args']['eval_lines']} held-out "
         "lines; the uniform reference is what a model knowing only the target tokenizer scores. FOCUS and SALT: "
-        f"fastText minCount {report['args'].get('fasttext_min_count', 10)}.\n",
+        f"fastText minCount {report['args'].get('fasttext_min_count', 10)}. SALT's target PLM: GPT-2-style, 2 layers, "
+        f"budget {_plm_budget(report['args'])}, trained on the training lines with the target tokenizer.\n",
     ]
+    if not report["args"].get("deepfocus_langs"):
+        parts.append("The comparison with the official deepfocus package was not run (--deepfocus-langs empty).\n")
     for lang, e in report["languages"].items():
         parts.append(
             f"\n## {lang}\n\nsource: {e['source']['bits_per_byte']:.3f} bits/byte at "
@@ -157,7 +162,9 @@ def write_markdown(report: dict, path: str) -> None:
             f"tokens ({e['plan']['copied']} copied), {e['tokens_per_line_after']:.1f} tokens/line, speedup "
             f"{e['speedup']:.2f}; PLM training for SALT {e.get('plm_seconds', 0):.0f} s "
             f"({e.get('plm', {}).get('steps', 0)} steps, loss {e.get('plm', {}).get('first_loss') or 0:.2f} -> "
-            f"{e.get('plm', {}).get('last_loss') or 0:.2f})\n"
+            f"{e.get('plm', {}).get('last_loss') or 0:.2f})"
+            + (f"; wall time {e['wall_seconds'] / 60:.1f} min" if "wall_seconds" in e else "")
+            + "\n"
         )
         rows = [
             [
@@ -204,6 +211,12 @@ def write_markdown(report: dict, path: str) -> None:
                 "whitespace).\n"
             )
     Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def _plm_budget(args: dict) -> str:
+    """The PLM's training budget as the run set it: steps and/or minutes, whichever ran out first."""
+    steps, minutes = args.get("plm_steps"), args.get("plm_minutes")
+    return " or ".join(part for part in (steps and f"{steps} steps", minutes and f"{minutes:g} minutes") if part)
 
 
 def _fallback_share(stats: dict) -> float | None:
