@@ -94,7 +94,12 @@ def _pyplot():
     return plt
 
 
-def speedup_quality_png(points: Sequence[dict], source_bpb: float, tolerance: float) -> bytes:
+def speedup_quality_png(
+    points: Sequence[dict],
+    source_bpb: float,
+    tolerance: float,
+    xlabel: str = "speedup (source tokens / adapted tokens, held-out text)",
+) -> bytes:
     """Speedup (x) against bits/byte (y), one line per init method through its k values (labelled), with the
     source's bits/byte and the tolerance band: the recommendation is the right-most point inside the band."""
     plt = _pyplot()
@@ -120,7 +125,7 @@ def speedup_quality_png(points: Sequence[dict], source_bpb: float, tolerance: fl
     ax.axhspan(
         source_bpb, source_bpb * (1 + tolerance), color="green", alpha=0.12, label=f"tolerance: up to +{tolerance:.0%}"
     )
-    ax.set_xlabel("speedup (source tokens / adapted tokens, held-out text)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("bits per UTF-8 byte (lower is better)")
     ax.set_title("Vocabulary adaptation: speed vs quality")
     ax.legend(fontsize=8)

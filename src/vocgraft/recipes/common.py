@@ -7,16 +7,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import INPUTS, InitContext, MethodInputError, get_method, initialize, initialize_matrices
+from vocgraft.init import (
+    INPUTS,
+    InitContext,
+    MethodInputError,
+    get_method,
+    initialize,
+    initialize_matrices,
+    method_options,
+)
 from vocgraft.plan import VocabPlan, raw_tokens
 from vocgraft.shards import ShardedModel, ShardMismatch, why_not_sharded
-from vocgraft.surgery import SurgeryError, graft, save_model_dir
+from vocgraft.surgery import SurgeryError, graft, save_model_dir, untie_head
 
 SURGERY_PATHS = ("auto", "shards", "full")
 SURGERY_HELP = (
     "auto: edit the safetensors files without loading the model when the init method needs no forward pass "
     "(memory follows the embedding matrices), else load it; shards / full: force one"
 )
+# a method setting the recipe reads itself: a method that declares it may ask for a model with its own LM head
+# (a tied model is untied before the init stage, so the method is called once per space and the output is untied)
+UNTIE_HEAD = "untie_head"
 
 # method inputs that the user names by a path: the command-line flag and the pipeline key (``adapt.<key>``)
 USER_INPUTS = {"target_plm": "--target-plm"}
@@ -133,7 +144,13 @@ def init_and_graft(
 
     ``model``: a loaded model, or a :class:`~vocgraft.shards.ShardedModel` (rows from its matrices read one at a
     time; the graft is recorded for its save). Returns the initialization's wall time and the resources dict,
-    where methods leave their statistics (e.g. FOCUS's fallback share)."""
+    where methods leave their statistics (e.g. FOCUS's fallback share). A method whose ``untie_head`` setting is
+    on gets an untied model (:data:`UNTIE_HEAD`)."""
+    options = method_options(init, options)
+    if options.get(UNTIE_HEAD):
+        if isinstance(model, ShardedModel):  # the shard path rewrites the matrices the source has, no new head
+            raise SurgeryError(f"init method {init!r} unties the head, which needs the model loaded: --surgery full.")
+        untie_head(model)
     ctx = InitContext(
         plan,
         source_tokenizer,
