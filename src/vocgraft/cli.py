@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -14,22 +13,11 @@ from vocgraft.corpus import (
     CorpusError,
 )
 from vocgraft.models import DEFAULT_MODEL
+from vocgraft.outdir import write_json  # noqa: F401  (benchmarks and scripts import it from here too)
 
 # adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
 # loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
 VOCADT_LR = 3e-4
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON atomically so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def cmd_info(args) -> None:
@@ -52,50 +40,8 @@ def cmd_methods(args) -> None:
             print(f"  {option.flag} (default {option.default}): {option.help}")
 
 
-def run_eval(
-    model_spec: str,
-    text: str,
-    *,
-    baseline: str | None,
-    limit: int | None,
-    with_bpb: bool = True,
-    max_length: int = 512,
-    batch_size: int = 8,
-    field: str = "text",
-    dtype: str = "auto",
-    device: str = "auto",
-    loaded: tuple | None = None,
-) -> dict:
-    """``vocgraft eval`` on one model: loaded in ``dtype`` on ``device``, or given as ``loaded`` = (model,
-    tokenizer, load seconds) by a caller that measures more with the same model (the pipeline)."""
-    from vocgraft.corpus import read_lines
-    from vocgraft.eval import evaluate
-    from vocgraft.models import describe, load_tokenizer, timed_load
-
-    lines = read_lines(text, limit=limit, field=field)
-    model, tokenizer, load_seconds = loaded if loaded is not None else timed_load(model_spec, dtype, device)
-    baseline_tokenizer = load_tokenizer(baseline) if baseline else None
-    result = evaluate(
-        model,
-        tokenizer,
-        lines,
-        baseline_tokenizer=baseline_tokenizer,
-        with_bpb=with_bpb,
-        max_length=max_length,
-        batch_size=batch_size,
-    )
-    return {
-        "model": model_spec,
-        "text": str(text),
-        "limit": limit,
-        "baseline_tokenizer_spec": baseline,
-        "model_info": describe(model, tokenizer).to_dict(),
-        "load_seconds": load_seconds,
-        **result,
-    }
-
-
 def cmd_eval(args) -> None:
+    from vocgraft.eval.files import run_eval
     from vocgraft.report import eval_markdown
 
     result = run_eval(

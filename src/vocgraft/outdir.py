@@ -162,3 +162,15 @@ def write_manifest(directory: str | Path, stage: str, **fields) -> Path:
     path = Path(directory) / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write JSON atomically so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -246,9 +246,10 @@ def _train(config: dict, model_dir: Path, path: Path) -> dict:
 def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -> dict:
     """Tokens/line, bits/byte and its uniform reference (+ speedup vs ``baseline``'s tokenizer, MT and generation
     speed when configured), written to ``eval.json`` in ``path``. The model is loaded once for all of them."""
-    from vocgraft.cli import run_eval, write_json
     from vocgraft.eval.downstream import new_token_ids
+    from vocgraft.eval.files import run_eval
     from vocgraft.models import timed_load
+    from vocgraft.outdir import write_json
     from vocgraft.pipeline.config import placement
 
     ev = config["eval"]

@@ -96,7 +96,7 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
 
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
     """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
-    from vocgraft.cli import write_json
+    from vocgraft.outdir import write_json
     from vocgraft.report import markdown_table, size_quality_png, speedup_quality_png
 
     out = Path(out_dir)

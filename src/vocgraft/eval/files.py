@@ -1,0 +1,46 @@
+"""`vocgraft eval` on files: read the text, load the model, evaluate (the CLI and the pipeline both call it)."""
+
+from __future__ import annotations
+
+
+def run_eval(
+    model_spec: str,
+    text: str,
+    *,
+    baseline: str | None,
+    limit: int | None,
+    with_bpb: bool = True,
+    max_length: int = 512,
+    batch_size: int = 8,
+    field: str = "text",
+    dtype: str = "auto",
+    device: str = "auto",
+    loaded: tuple | None = None,
+) -> dict:
+    """``vocgraft eval`` on one model: loaded in ``dtype`` on ``device``, or given as ``loaded`` = (model,
+    tokenizer, load seconds) by a caller that measures more with the same model (the pipeline)."""
+    from vocgraft.corpus import read_lines
+    from vocgraft.eval import evaluate
+    from vocgraft.models import describe, load_tokenizer, timed_load
+
+    lines = read_lines(text, limit=limit, field=field)
+    model, tokenizer, load_seconds = loaded if loaded is not None else timed_load(model_spec, dtype, device)
+    baseline_tokenizer = load_tokenizer(baseline) if baseline else None
+    result = evaluate(
+        model,
+        tokenizer,
+        lines,
+        baseline_tokenizer=baseline_tokenizer,
+        with_bpb=with_bpb,
+        max_length=max_length,
+        batch_size=batch_size,
+    )
+    return {
+        "model": model_spec,
+        "text": str(text),
+        "limit": limit,
+        "baseline_tokenizer_spec": baseline,
+        "model_info": describe(model, tokenizer).to_dict(),
+        "load_seconds": load_seconds,
+        **result,
+    }
