@@ -191,6 +191,9 @@ def checkpoint_bytes(folder: str | Path, dtype: torch.dtype | None = None) -> in
 # memory
 
 
+UNKNOWN_MEMORY = 1 << 62  # what available_memory says where it cannot tell: no limit
+
+
 def available_memory(device: torch.device) -> int:
     """Bytes free for a new allocation: MemAvailable of /proc/meminfo for the CPU, the driver's free memory for a
     GPU. Unknown (no /proc) counts as unlimited."""
@@ -204,7 +207,7 @@ def available_memory(device: torch.device) -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 1 << 62
+    return UNKNOWN_MEMORY
 
 
 def gib(n: int) -> str:

@@ -276,21 +276,15 @@ def memory_limit_bytes() -> int | None:
         if not match:
             raise ArgumentError(f"VOCGRAFT_MEMORY_LIMIT={setting!r}: expected a size such as 24GiB or 512MiB.")
         return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
-    try:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            return torch.cuda.mem_get_info()[0]
-    except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
-        pass
+    from vocgraft.devices import UNKNOWN_MEMORY, available_memory
+
     try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+        free = available_memory(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
+        free = available_memory(torch.device("cpu"))
+    return None if free >= UNKNOWN_MEMORY else free
 
 
 def check_memory(needed: int, what: str, fix: str) -> None:
