@@ -21,8 +21,11 @@ from tiny import lines, tiny_source_dir
 
 from vocgraft.cli import main
 
+# the child takes Ctrl-C as a terminal delivers it: a runner that starts the suite in the background (a shell
+# without job control) passes SIGINT on as ignored, and Python then never raises KeyboardInterrupt
 SLOW_SAVE = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import vocgraft.surgery as surgery
 real = surgery.save_portable
 def slow(*args, **kwargs):
