@@ -1,81 +1,359 @@
-"""End to end: init -> LAPT -> faster generation at kept quality (issue 16's proof, or a reduced run of it).
+"""End to end: init -> LAPT -> faster generation at kept quality, as a grid that later processes can finish.
 
 Per language, rows for: the source; the source after LAPT; and for each k x init, the expanded model right after
-initialization and after LAPT. LAPT is ``vocgraft train``'s code path with the papers' recommended recipe by
-default (2x2 layers + MTP, sequence length 512, |D| = 2^12 sampled lines, one epoch). Each model is measured on:
-held-out bits/byte (with the uniform reference); greedy and sampled generation on held-out prompts (the share of
-generated tokens that are new, characters/s relative to the source on the same prompts in the same run,
-characters per generated token); few-shot MT en->xx chrF. Next to the greedy share: the share of new tokens the
-expanded tokenizer gives the held-out text (issue 16's goal: greedy reaches at least half of it).
+initialization and after LAPT. LAPT is ``vocgraft train``'s code path with the papers' recipe by default (2x2
+layers + MTP, sequence length 512, one epoch over |D| sampled lines). Every model trains on the same sampled lines,
+so an expanded model trains on fewer tokens: each LAPT row reports its tokens and seconds. Each model is measured
+on held-out bits/byte (with the uniform reference), greedy and sampled generation on held-out prompts (canonical
+use of the new tokens, characters per token, characters/s relative to the source measured *in the same process* on
+the same prompts), and few-shot MT en->xx chrF.
 
-The auxiliary tokenizer, the expansion and the corpus of corpus-based inits come from the first ``--aux-lines``
-training lines; LAPT samples |D| lines of the whole training file. Every size is a flag; the md states them.
+Resumable across processes: each finished row is written to ``--out.json`` the moment it is done; ``--resume``
+skips finished rows, reuses the models kept in ``--work``, and continues an interrupted LAPT run from its last
+checkpoint (``--save-minutes``). ``--budget-minutes`` stops cleanly (LAPT checkpointed) before a session ends.
+Every size is checked against the others before any model work (:func:`check_sizes`): validation lines must fill
+a sequence under every tokenizer of the grid, the training lines a batch, the held-out file the eval lines and
+prompts, the parallel file the MT pairs and shots.
 
-    nice -n 10 .venv/bin/python benchmarks/end_to_end.py                     # the issue's run (hours on a CPU)
-    nice -n 10 .venv/bin/python benchmarks/end_to_end.py --langs el --ks 1000 --lines 256 --eval-lines 50 \\
-        --prompts 10 --mt-pairs 20 --out benchmarks/results/end_to_end            # a reduced run
+    .venv/bin/python benchmarks/end_to_end.py --budget-minutes 160            # the issue's grid; later: --resume
+    .venv/bin/python benchmarks/end_to_end.py --resume --budget-minutes 160   # continue it in a new process
+
+Run it with the cores otherwise idle (it uses every core and records the load average per process).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import tempfile
 import time
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from common import new_report
 from distill import parse_init
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_corpus, read_lines
 from vocgraft.eval import bits_per_byte
 from vocgraft.eval.generation import generation_speed, prompts_from_lines
 from vocgraft.eval.mt import read_pairs, translate_and_score
-from vocgraft.models import load_model
+from vocgraft.models import load_model, load_tokenizer
+from vocgraft.outdir import write_json
+from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import save_adapted
 from vocgraft.recipes.expand import expand_loaded, train_aux_tokenizer
 from vocgraft.report import markdown_table, speedup_quality_png
-from vocgraft.train.lapt import TrainConfig, train
+from vocgraft.tokenization import expand_tokenizer
+from vocgraft.tokenization.marks import choose_keep_marks
+from vocgraft.tokenization.scripts import dominant_scripts
+from vocgraft.train.data import split_validation
+from vocgraft.train.lapt import TrainConfig, TrainingStopped, train
 
 RESULTS = Path(__file__).resolve().parent / "results"
-XLABEL = "greedy generation: characters/s relative to the source (same prompts, same run)"
+XLABEL = "greedy generation: characters/s relative to the source (same prompts, same process)"
+# settings that decide what a row measures: a resumed run must have the same ones
+GRID_KEYS = (
+    "model", "ks", "inits", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
+    "epochs", "max_steps", "lr", "val_lines", "eval_lines", "prompts", "max_new_tokens", "mt_pairs", "shots",
+    "mt_max_new_tokens", "seed",
+)  # fmt: skip
+GENERATION_KEYS = (
+    "generated_tokens", "generated_chars", "seconds", "tokens_per_second", "chars_per_second", "chars_per_token",
+    "new_token_share", "new_emitted_share", "new_canonical_share", "canonical_rate", "canonical_matched",
+    "noncanonical_new",
+)  # fmt: skip
 
 
-def measure(model_dir: str, heldout, prompts, pairs, lang: str, args, new_ids=None) -> dict:
+class GridError(ValueError):
+    """A grid whose sizes cannot work together; the message names the flag to change."""
+
+
+class OutOfBudget(Exception):
+    """``--budget-minutes`` ran out; ``--resume`` continues."""
+
+
+@dataclass
+class Row:
+    """One model of the grid: what to build and measure."""
+
+    lang: str
+    name: str  # unique within the language: the key a resumed run skips by
+    stage: str  # source | init | LAPT
+    k: int | None = None
+    label: str | None = None  # the init's label (e.g. distill, distill-all)
+    method: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+def planned_rows(lang: str, args) -> list[Row]:
+    rows = [Row(lang, "source", "source"), Row(lang, "source + LAPT", "LAPT")]
+    for k in args.ks:
+        for spec in args.inits:
+            label, method, options, _ = parse_init(spec)
+            rows.append(Row(lang, f"k={k} {label}", "init", k, label, method, options))
+            rows.append(Row(lang, f"k={k} {label} + LAPT", "LAPT", k, label, method, options))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sizes, checked before any model work
+
+
+@dataclass
+class LanguageData:
+    corpus: str
+    aux_lines: list[str]
+    train_lines: list[str]  # LAPT's, exactly as the trainer splits them
+    val_lines: list[str]
+    heldout: list[str]
+    prompts: list[str]
+    pairs: list[tuple[str, str]]
+
+
+def language_data(lang: str, args) -> LanguageData:
+    root = Path(args.corpora)
+    corpus = str(root / lang / "train.txt")
+    held = read_lines(root / lang / "heldout.txt", limit=args.eval_lines + args.prompts)
+    if len(held) < args.eval_lines + args.prompts:
+        raise GridError(
+            f"{root / lang / 'heldout.txt'} has {len(held)} lines; --eval-lines {args.eval_lines} + --prompts "
+            f"{args.prompts} need {args.eval_lines + args.prompts}: lower one of them."
+        )
+    pairs = read_pairs(root / "parallel" / f"en-{lang}.tsv")
+    if len(pairs) < args.mt_pairs + args.shots:
+        raise GridError(
+            f"{root / 'parallel' / f'en-{lang}.tsv'} has {len(pairs)} pairs; --mt-pairs {args.mt_pairs} + --shots "
+            f"{args.shots} need {args.mt_pairs + args.shots}: lower one of them."
+        )
+    sample = read_corpus(corpus, sample=args.lines, seed=args.seed)  # what train() samples with the same seed
+    train_lines, val_lines = split_validation(sample, args.val_lines)
+    return LanguageData(
+        corpus, read_lines(corpus, limit=args.aux_lines), train_lines, val_lines, held[: args.eval_lines],
+        prompts_from_lines(held[args.eval_lines :]), pairs,
+    )  # fmt: skip
+
+
+def check_sizes(lang: str, tokenizers: dict[str, object], data: LanguageData, args) -> dict[str, dict]:
+    """Refuse a grid that would fail mid-way: under every tokenizer, the validation lines must fill at least one
+    sequence of ``--seq-len`` and the training lines at least one batch. Returns the token counts per tokenizer."""
+    counts = {}
+    for name, tokenizer in tokenizers.items():
+        # as pack_tokens packs them: every line's tokens and a separator, cut into whole sequences
+        val_tokens = token_count(tokenizer, data.val_lines)
+        train_chunks = token_count(tokenizer, data.train_lines) // args.seq_len
+        val = val_tokens // args.seq_len
+        if val < 1:
+            raise GridError(
+                f"{lang}, {name}: the {len(data.val_lines)} validation lines (--val-lines) give {val_tokens} tokens, "
+                f"less than one sequence of --seq-len {args.seq_len}; raise --val-lines or lower --seq-len."
+            )
+        if train_chunks < args.batch_size:
+            raise GridError(
+                f"{lang}, {name}: the {len(data.train_lines)} training lines (--lines minus --val-lines) pack into "
+                f"{train_chunks} sequences of {args.seq_len}, fewer than one batch of --batch-size "
+                f"{args.batch_size}; raise --lines or lower --batch-size / --seq-len."
+            )
+        counts[name] = {"train_sequences": train_chunks, "val_sequences": val, "val_tokens": val_tokens}
+    return counts
+
+
+def token_count(tokenizer, lines: list[str]) -> int:
+    return sum(len(ids) + 1 for ids in tokenizer(lines, add_special_tokens=False)["input_ids"])
+
+
+def aux_tokenizer_for(source_tokenizer, lines: list[str], args):
+    """(the auxiliary tokenizer, the source as the expansion pre-tokenizes): trained on the source's
+    pre-tokenization with combining marks kept with their letters where the script needs it, `vocgraft expand`'s
+    default (:func:`expand_loaded` then follows the auxiliary tokenizer)."""
+    splitting = choose_keep_marks("auto", source_tokenizer, lines).apply(source_tokenizer)
+    return train_aux_tokenizer(splitting, lines, args.aux_vocab_size, args.seed), splitting
+
+
+def expanded_tokenizer(splitting, aux, lines: list[str], k: int):
+    """The expanded tokenizer alone (no model), as :func:`expand_loaded` builds it: for the size checks."""
+    return expand_tokenizer(splitting, aux, lines, k, scripts=dominant_scripts(lines)).tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------
+# measuring one model
+
+
+def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -> dict:
     """Every column of one row, for the model saved in ``model_dir``."""
     model, tokenizer = load_model(model_dir)
     start = time.perf_counter()
-    out = {"bpb": bits_per_byte(model, tokenizer, heldout, show_progress=False)}
+    out = {"bpb": bits_per_byte(model, tokenizer, data.heldout, show_progress=False)}
     for mode in ("greedy", "sampled"):
-        out[mode] = generation_speed(
-            model,
-            tokenizer,
-            prompts,
-            sampled=mode == "sampled",
-            max_new_tokens=args.max_new_tokens,
-            new_token_ids=set(new_ids) if new_ids else None,
-            seed=args.seed,
-        )
+        result = generation_speed(
+            model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
+            new_token_ids=set(new_ids) if new_ids else None, seed=args.seed,
+        )  # fmt: skip
+        out[mode] = {key: result.get(key) for key in GENERATION_KEYS}
     mt = translate_and_score(
-        model, tokenizer, pairs, lang, shots=args.shots, limit=args.mt_pairs, max_new_tokens=args.mt_max_new_tokens
-    )
+        model, tokenizer, data.pairs, lang, shots=args.shots, limit=args.mt_pairs,
+        max_new_tokens=args.mt_max_new_tokens,
+    )  # fmt: skip
     out["mt"] = {k: mt[k] for k in ("direction", "shots", "pairs", "chrf")} | {"rows": mt["rows"][:3]}
     out["eval_seconds"] = time.perf_counter() - start
     return out
 
 
-def lapt(model_dir: str, out: str, corpus: str, args) -> dict:
-    config = TrainConfig(
-        model=model_dir, corpus=corpus, out=out, strategy=args.strategy, objective=args.objective,
-        seq_len=args.seq_len, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, lr=args.lr,
-        sample=args.lines, val_lines=args.val_lines, seed=args.seed, show_progress=False, overwrite=True,
-    )  # fmt: skip
-    summary = train(config)
-    keep = ("steps", "epochs", "tokens_per_second", "train_seconds", "wall_seconds", "val_loss_start", "val_loss_end")
-    return {k: summary.get(k) for k in keep}
+def source_generation(model_dir: str, data: LanguageData, args) -> dict:
+    """The source's characters/s on the prompts, measured in this process: the reference of every speed ratio."""
+    model, tokenizer = load_model(model_dir)
+    return {
+        mode: generation_speed(
+            model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+        )["chars_per_second"]
+        for mode in ("greedy", "sampled")
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the grid
+
+
+def complete(model_dir: Path) -> bool:
+    """A saved model directory (written atomically: it exists only once whole)."""
+    return (model_dir / "vocgraft.json").is_file() and (model_dir / "config.json").is_file()
+
+
+def lapt(model_dir: str, out: Path, corpus: str, args, stop_at: float | None) -> dict:
+    """LAPT of ``model_dir`` into ``out``, continuing from ``out``'s checkpoints when an earlier process left some;
+    a finished ``out`` is reused. Returns the run's summary."""
+    if not complete(out):
+        config = TrainConfig(
+            model=model_dir, corpus=corpus, out=str(out), strategy=args.strategy, objective=args.objective,
+            seq_len=args.seq_len, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps,
+            lr=args.lr, sample=args.lines, val_lines=args.val_lines, seed=args.seed, show_progress=args.progress,
+            resume=True, save_minutes=args.save_minutes, stop_at=stop_at,
+        )  # fmt: skip
+        train(config)
+    summary = json.loads((out / "train_log.json").read_text(encoding="utf-8"))["summary"]
+    keep = (
+        "steps",
+        "epochs",
+        "train_sequences",
+        "tokens_per_step",
+        "tokens_per_second",
+        "train_seconds",
+        "val_loss_start",
+        "val_loss_end",
+        "resumed_from_step",
+        "torch_threads",
+        "dtype",
+        "mixed_precision",
+    )
+    facts = {k: summary.get(k) for k in keep}
+    facts["tokens_trained"] = summary["steps"] * summary["tokens_per_step"]
+    return facts
+
+
+class Grid:
+    def __init__(self, args, report: dict, process: int, save):
+        self.args, self.report, self.process, self.save = args, report, process, save
+        self.stop_at = time.time() + 60 * args.budget_minutes if args.budget_minutes else None
+
+    def done(self, lang: str, name: str) -> bool:
+        return any(r["name"] == name for r in self.report["langs"].get(lang, {}).get("rows", []))
+
+    def check_budget(self) -> None:
+        if self.stop_at is not None and time.time() >= self.stop_at:
+            raise OutOfBudget()
+
+    def prepare(self, lang: str) -> tuple | None:
+        """(data, tokenizers, aux, splitting) of a language with rows left to run, its sizes checked; None when
+        every row of it was finished earlier. Cheap (tokenizers only): every language is prepared before any
+        model work, so a size that cannot work stops the grid before hours are spent on another language."""
+        args = self.args
+        entry = self.report["langs"].setdefault(lang, {"rows": [], "errors": []})
+        if all(self.done(lang, r.name) for r in planned_rows(lang, args)):
+            print(f"{lang}: every row was finished earlier", flush=True)
+            return None
+        data = language_data(lang, args)
+        source_tokenizer = load_tokenizer(args.model)
+        start = time.perf_counter()
+        aux, splitting = aux_tokenizer_for(source_tokenizer, data.aux_lines, args)
+        tokenizers = {"source": source_tokenizer}
+        for k in args.ks:
+            tokenizers[f"k={k}"] = expanded_tokenizer(splitting, aux, data.aux_lines, k)
+        entry["sizes"] = check_sizes(lang, tokenizers, data, args)
+        entry["tokenizer_seconds"] = time.perf_counter() - start
+        return data, tokenizers, aux
+
+    def run_language(self, lang: str, prepared: tuple) -> None:
+        args, work = self.args, Path(self.args.work) / lang
+        data, tokenizers, aux = prepared
+        source_tokenizer = tokenizers["source"]
+        entry = self.report["langs"][lang]
+        rows = planned_rows(lang, args)
+        reference = None
+        for row in rows:
+            if self.done(lang, row.name):
+                print(f"{lang} {row.name}: finished earlier, skipped", flush=True)
+                continue
+            self.check_budget()
+            if reference is None:  # the source's speed in this process, for every ratio measured here
+                reference = source_generation(args.model, data, args)
+                self.report["processes"][self.process].setdefault("source_chars_per_second", {})[lang] = reference
+            started = time.perf_counter()
+            try:
+                fields = self.build(row, work, data, source_tokenizer, aux, tokenizers)
+            except (TrainingStopped, OutOfBudget):
+                raise
+            except Exception as exc:  # one failing row does not stop the grid; a resumed run retries it
+                traceback.print_exc()
+                entry["errors"].append({"row": row.name, "process": self.process, "error": repr(exc)})
+                self.save()
+                continue
+            measured = measure(fields.pop("model_dir"), data, lang, args, fields.get("new_ids"))
+            fields.pop("new_ids", None)
+            for mode in ("greedy", "sampled"):
+                measured[mode]["chars_per_second_vs_source"] = measured[mode]["chars_per_second"] / reference[mode]
+            done = {
+                "name": row.name, "stage": row.stage, "k": row.k, "init": row.label, "options": row.options,
+                **fields, **measured, "seconds": time.perf_counter() - started, "process": self.process,
+                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }  # fmt: skip
+            entry["rows"].append(done)
+            self.save()
+            print_row(lang, done)
+
+    def build(self, row: Row, work: Path, data: LanguageData, source_tokenizer, aux, tokenizers) -> dict:
+        """The row's model directory (built, trained, or kept from an earlier process) and its facts."""
+        args = self.args
+        if row.stage == "source":
+            return {"model_dir": args.model}
+        if row.k is None:  # source + LAPT
+            out = work / "source-lapt"
+            return {"model_dir": str(out), "lapt": lapt(args.model, out, data.corpus, args, self.stop_at)}
+        expanded = work / f"k{row.k}-{row.label}"
+        facts = self.expand(row, expanded, data, source_tokenizer, aux)
+        facts["tokenizer_new_share"] = new_share(tokenizers[f"k={row.k}"], data.heldout, facts["new_ids"])
+        if row.stage == "init":
+            return {"model_dir": str(expanded), **facts}
+        out = work / f"k{row.k}-{row.label}-lapt"
+        return {"model_dir": str(out), **facts, "lapt": lapt(str(expanded), out, data.corpus, args, self.stop_at)}
+
+    def expand(self, row: Row, out: Path, data: LanguageData, source_tokenizer, aux) -> dict:
+        """Expand and initialize into ``out`` (deterministic for the seed), or read what an earlier process saved."""
+        if not complete(out):
+            model, _ = load_model(self.args.model)
+            done = expand_loaded(
+                model, source_tokenizer, data.aux_lines, row.k, row.method, aux_tokenizer=aux, options=row.options,
+                seed=self.args.seed,
+            )  # fmt: skip
+            manifest = {"method": {"init": row.method, "options": row.options, "new_tokens": row.k},
+                        "timings": done.timings}  # fmt: skip
+            save_adapted(model, done.tokenizer, done.plan, out, overwrite=True, manifest=manifest)
+            del model
+        manifest = json.loads((out / "vocgraft.json").read_text(encoding="utf-8"))
+        new_ids = VocabPlan.from_json(out / "vocgraft-plan.json").new_ids
+        return {"new_ids": list(new_ids), "init_seconds": manifest.get("timings", {}).get("init_seconds")}
 
 
 def new_share(tokenizer, lines, new_ids) -> float:
@@ -84,82 +362,34 @@ def new_share(tokenizer, lines, new_ids) -> float:
     return sum(t in new for t in ids) / max(len(ids), 1)
 
 
-def run_language(lang: str, args, report: dict, save) -> None:
-    corpus = str(SHARED_CORPORA / lang / "train.txt")
-    aux_lines = read_lines(corpus, limit=args.aux_lines)
-    held = read_lines(SHARED_CORPORA / lang / "heldout.txt", limit=args.eval_lines + args.prompts)
-    heldout, prompts = held[: args.eval_lines], prompts_from_lines(held[args.eval_lines :])
-    pairs = read_pairs(SHARED_CORPORA / "parallel" / f"en-{lang}.tsv")
-    entry = report["langs"][lang] = {"rows": []}
-    source_tokenizer = load_model(args.model)[1]
-
-    def add(row: dict) -> None:
-        entry["rows"].append(row)
-        src = entry["rows"][0]
-        for mode in ("greedy", "sampled"):
-            row[mode]["chars_per_second_vs_source"] = row[mode]["chars_per_second"] / src[mode]["chars_per_second"]
-        print(
-            f"{lang} {row['name']}: {row['bpb']['bits_per_byte']:.3f} bits/byte, greedy new share "
-            f"{row['greedy']['new_token_share'] or 0:.3f}, chars/s x{row['greedy']['chars_per_second_vs_source']:.2f}"
-            f" (greedy) x{row['sampled']['chars_per_second_vs_source']:.2f} (sampled), chrF {row['mt']['chrf']:.1f}"
-            f", {row['seconds']:.0f} s",
-            flush=True,
-        )
-        save()
-
-    def measured(name: str, stage: str, model_dir: str, start: float, new_ids=None, **fields) -> None:
-        row = measure(model_dir, heldout, prompts, pairs, lang, args, new_ids)
-        add(
-            {
-                "name": name,
-                "stage": stage,
-                "k": None,
-                "init": None,
-                **fields,
-                **row,
-                "seconds": time.perf_counter() - start,
-            }
-        )
-
-    with tempfile.TemporaryDirectory(prefix="vocgraft-e2e-") as scratch:
-        work = Path(scratch)
-        measured("source", "source", args.model, time.perf_counter())
-        start = time.perf_counter()
-        trained = lapt(args.model, str(work / "source-lapt"), corpus, args)
-        measured("source + LAPT", "LAPT", str(work / "source-lapt"), start, lapt=trained)
-        aux = train_aux_tokenizer(source_tokenizer, aux_lines, args.aux_vocab_size)
-        for k in args.ks:
-            for spec in args.inits:
-                label, method, options, _ = parse_init(spec)
-                start = time.perf_counter()
-                model, _ = load_model(args.model)
-                done = expand_loaded(model, source_tokenizer, aux_lines, k, method, aux_tokenizer=aux, options=options)
-                expanded = work / f"k{k}-{label}"
-                manifest = {"method": {"init": method, "options": options, "new_tokens": k}}
-                save_adapted(model, done.tokenizer, done.plan, expanded, overwrite=True, manifest=manifest)
-                del model
-                new_ids = done.plan.new_ids
-                base = {"k": k, "init": label, "options": options, "init_seconds": done.timings["init_seconds"]}
-                base["tokenizer_new_share"] = new_share(done.tokenizer, heldout, new_ids)
-                measured(f"k={k} {label}", "init", str(expanded), start, new_ids, **base)
-                start = time.perf_counter()
-                trained = lapt(str(expanded), str(work / f"k{k}-{label}-lapt"), corpus, args)
-                measured(f"k={k} {label} + LAPT", "LAPT", str(work / f"k{k}-{label}-lapt"), start, new_ids,
-                         lapt=trained, **base)  # fmt: skip
+def print_row(lang: str, row: dict) -> None:
+    g, s = row["greedy"], row["sampled"]
+    rate = g.get("canonical_rate")
+    print(
+        f"{lang} {row['name']}: {row['bpb']['bits_per_byte']:.3f} bits/byte, greedy canonical rate "
+        f"{'-' if rate is None else f'{rate:.2f}'}, chars/s x{g['chars_per_second_vs_source']:.2f} (greedy) "
+        f"x{s['chars_per_second_vs_source']:.2f} (sampled), chrF {row['mt']['chrf']:.1f}, {row['seconds']:.0f} s",
+        flush=True,
+    )
 
 
-def main() -> None:
+# ----------------------------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--langs", nargs="*", default=["el", "hi", "ru"])
-    parser.add_argument("--ks", nargs="*", type=int, default=[1000, 5000])
+    parser.add_argument("--corpora", default=str(SHARED_CORPORA), help="folder of <lang>/{train,heldout}.txt")
+    parser.add_argument("--langs", nargs="*", default=["el", "hi"])
+    parser.add_argument("--ks", nargs="*", type=int, default=[1000])
     parser.add_argument(
         "--inits", nargs="*", default=["mean", "align", "distill"], help="as in benchmarks/distill.py: label=key:value"
     )
     parser.add_argument("--aux-lines", type=int, default=8192, help="training lines for aux tokenizer and inits")
     parser.add_argument("--aux-vocab-size", type=int, default=16000)
     # LAPT: the papers' recipe
-    parser.add_argument("--lines", type=int, default=4096, help="|D|: LAPT lines sampled from the training file")
+    parser.add_argument("--lines", type=int, default=2048, help="|D|: LAPT lines sampled from the training file")
     parser.add_argument("--strategy", default="2x2")
     parser.add_argument("--objective", default="mtp")
     parser.add_argument("--seq-len", type=int, default=512)
@@ -168,6 +398,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--val-lines", type=int, default=64)
+    parser.add_argument("--save-minutes", type=float, default=10.0, help="LAPT checkpoint interval")
     # evaluation
     parser.add_argument("--eval-lines", type=int, default=200, help="held-out lines for bits/byte")
     parser.add_argument("--prompts", type=int, default=20, help="held-out lines after them, cut into prompts")
@@ -176,85 +407,165 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--mt-max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine: 1)")
+    # running
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
+    parser.add_argument("--work", default=str(Path.home() / ".cache" / "vocgraft" / "end_to_end"),
+                        help="where models and LAPT checkpoints are kept between processes")  # fmt: skip
+    parser.add_argument("--resume", action="store_true", help="skip finished rows of --out.json and continue")
+    parser.add_argument("--budget-minutes", type=float, help="stop cleanly (LAPT checkpointed) after this long")
+    parser.add_argument("--progress", action="store_true", help="LAPT progress bars")
     parser.add_argument("--note", default="", help="a line for the md (e.g. why this is a reduced run)")
     parser.add_argument("--out", default=str(RESULTS / "end_to_end"))
-    parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json (a stopped run)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.markdown_only:
-        write_markdown(json.loads(Path(f"{args.out}.json").read_text(encoding="utf-8")), Path(f"{args.out}.md"))
-        return
+    parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json")
+    args = parser.parse_args(argv)
+    for name in ("lines", "val_lines", "eval_lines", "prompts", "mt_pairs", "seq_len", "batch_size", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
+    if args.val_lines >= args.lines:
+        parser.error(f"--val-lines {args.val_lines} must be fewer than --lines {args.lines} (LAPT trains on the rest)")
+    return args
 
-    report = new_report(args.model, args, gpu="none", langs={}, finished=False)
+
+def open_report(args) -> dict:
+    """A new report, or (``--resume``) the one an earlier process left, checked to describe the same grid."""
+    path = Path(f"{args.out}.json")
+    if not path.is_file():
+        return new_report(args.model, args, gpu="none", langs={}, processes=[], finished=False)
+    if not args.resume:
+        raise GridError(f"{path} holds an earlier run; pass --resume to continue it, or choose another --out.")
+    report = json.loads(path.read_text(encoding="utf-8"))
+    changed = [k for k in GRID_KEYS if report["args"].get(k) != getattr(args, k)]
+    if changed:
+        diffs = ", ".join(f"--{k.replace('_', '-')} {report['args'].get(k)!r} -> {getattr(args, k)!r}" for k in changed)
+        raise GridError(f"--resume: {path} was run with other settings ({diffs}); use the same ones or another --out.")
+    report["args"]["langs"] = list(dict.fromkeys(report["args"]["langs"] + args.langs))  # a resume may add some
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out_json = Path(f"{args.out}.json")
+    if args.markdown_only:
+        write_markdown(json.loads(out_json.read_text(encoding="utf-8")), Path(f"{args.out}.md"))
+        return 0
+    try:
+        report = open_report(args)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report["processes"].append({
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "pid": os.getpid(), "load_before": os.getloadavg(),
+        "torch_threads": torch.get_num_threads(), "resume": args.resume, "budget_minutes": args.budget_minutes,
+    })  # fmt: skip
+    process = len(report["processes"]) - 1
     start = time.perf_counter()
 
     def save() -> None:
-        report["wall_seconds"] = time.perf_counter() - start
-        write_json(f"{args.out}.json", report)
+        report["processes"][process]["wall_seconds"] = time.perf_counter() - start
+        report["processes"][process]["load_after"] = os.getloadavg()
+        write_json(out_json, report)
+        write_markdown(report, Path(f"{args.out}.md"))
 
-    for lang in args.langs:
-        run_language(lang, args, report, save)
-    report["finished"] = True
+    grid = Grid(args, report, process, save)
+    try:
+        prepared = {lang: grid.prepare(lang) for lang in args.langs}
+        for lang, ready in prepared.items():
+            if ready is not None:
+                grid.run_language(lang, ready)
+        report["finished"] = all(grid.done(lang, r.name) for lang in args.langs for r in planned_rows(lang, args))
+    except (TrainingStopped, OutOfBudget) as exc:
+        report["processes"][process]["stopped"] = f"--budget-minutes {args.budget_minutes} ran out: {exc}".strip()
+        print(f"stopped: the budget ran out ({exc}); run again with --resume to continue.", flush=True)
+    except GridError as exc:  # raised before any model work of this process: nothing new to save
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     save()
-    write_markdown(report, Path(f"{args.out}.md"))
+    if args.work and report.get("finished"):
+        print(f"every row is finished; the models are kept in {args.work} (delete it when done)", flush=True)
+    return 0
+
+
+def table_row(r: dict) -> list:
+    g, s, lapt_facts = r["greedy"], r["sampled"], r.get("lapt") or {}
+    return [
+        r["name"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
+        g.get("new_emitted_share", g.get("new_token_share")), g.get("new_canonical_share"), g.get("canonical_rate"),
+        s.get("canonical_rate"), r.get("tokenizer_new_share"), g["chars_per_second_vs_source"],
+        s["chars_per_second_vs_source"], g["chars_per_token"], r["mt"]["chrf"], lapt_facts.get("tokens_trained"),
+        lapt_facts.get("train_seconds"), r["seconds"], r["process"],
+    ]  # fmt: skip
 
 
 def write_markdown(report: dict, path: Path) -> None:
     a = report["args"]
-    full = (
-        a["lines"] == 4096 and a["ks"] == [1000, 5000] and a["epochs"] == 1.0 and a["max_steps"] is None
-        and len(a["langs"]) >= 3 and a["eval_lines"] >= 200 and a["prompts"] == 20 and a["mt_pairs"] == 50
-    )  # fmt: skip
+    procs = report["processes"]
     parts = [
         f"# End to end: init -> LAPT -> generation, {report['model']}\n",
-        ("The issue's configuration." if full else "**A reduced run, not the issue's configuration** (see settings).")
-        + (f" {a['note']}" if a["note"] else "")
-        + (
-            ""
+        (
+            "Every row of the grid is finished."
             if report.get("finished")
-            else " **The run was stopped before it finished: the rows below are the ones it completed.** "
-            + report.get("stopped", "")
+            else "**The grid is not finished: the rows below are the ones completed so far** (`--resume` goes on)."
         )
+        + (f" {a['note']}" if a.get("note") else "")
         + "\n",
-        f"{report['machine']}, no GPU, {report['date']}; the run took {report['wall_seconds'] / 60:.0f} "
-        "minutes of wall time on a CPU shared with other jobs (speeds are relative to the source measured in the "
-        "same run, on the same prompts).\n",
-        f"Settings: languages {', '.join(a['langs'])}; k {', '.join(map(str, a['ks']))}; inits {', '.join(a['inits'])}"
-        f"; auxiliary BPE of {a['aux_vocab_size']} on the first {a['aux_lines']} training lines (also the inits' "
-        f"corpus). LAPT: {a['strategy']} + {a['objective']}, sequence length {a['seq_len']}, batch {a['batch_size']}"
-        f", |D| = {a['lines']} sampled lines ({a['val_lines']} held out for validation), "
+        f"{report['machine']}, no GPU. Processes (each measures the source's generation speed again, the reference "
+        "of its rows' ratios):\n",
+        markdown_table(
+            ["process", "started", "wall min", "load before", "load after", "threads", "resumed", "stopped"],
+            [
+                [
+                    i,
+                    p["started"],
+                    p.get("wall_seconds", 0) / 60,
+                    " / ".join(f"{x:.1f}" for x in p["load_before"]),
+                    " / ".join(f"{x:.1f}" for x in p.get("load_after", p["load_before"])),
+                    p["torch_threads"],
+                    "yes" if p["resume"] else "no",
+                    p.get("stopped", ""),
+                ]
+                for i, p in enumerate(procs)
+            ],
+        ),
+        f"\nSettings: languages {', '.join(a['langs'])}; k {', '.join(map(str, a['ks']))}; inits "
+        f"{', '.join(a['inits'])}; auxiliary BPE of {a['aux_vocab_size']} on the first {a['aux_lines']} training lines "
+        f"(also the inits' corpus), combining marks kept where the script needs them. LAPT: {a['strategy']} + "
+        f"{a['objective']}, sequence length {a['seq_len']}, batch {a['batch_size']}, |D| = {a['lines']} sampled lines "
+        f"({a['val_lines']} held out for validation), "
         + (f"{a['max_steps']} steps" if a["max_steps"] else f"{a['epochs']:g} epoch(s)")
         + f", lr {a['lr']}. Bits/byte on the first {a['eval_lines']} held-out lines; greedy and sampled generation "
         f"({a['max_new_tokens']} new tokens at most) on {a['prompts']} prompts cut from the held-out lines after "
         f"them; {a['shots']}-shot MT en->xx chrF on {a['mt_pairs']} pairs.\n",
-        "Columns: 'greedy new' / 'sampled new': share of generated tokens that are new ids; 'text new': share of "
-        "the held-out text's tokens that are new under the expanded tokenizer; 'x chars/s': characters per second "
-        "relative to the source; 'c/tok': characters per generated token (greedy).\n",
-        "Full run:\n\n    nice -n 10 .venv/bin/python benchmarks/end_to_end.py\n",
+        "Columns: 'emitted new' / 'canonical new': share of the generated tokens that are new ids, as the model "
+        "emitted them / in the canonical re-encoding of the same text by the model's tokenizer; 'canon. rate': new "
+        "ids emitted / new ids in the canonical encoding (summed over prompts); 'text new': share of new ids in "
+        "the held-out text; 'x chars/s': characters per second relative to the source in the same process; 'c/tok':"
+        " characters per generated token; 'LAPT tokens' / 'LAPT s': tokens trained and seconds of training steps; "
+        "'row s': wall seconds of the row (build, train, measure); 'proc': the process that ran it.\n",
     ]
     for lang, entry in report["langs"].items():
-        rows = [
-            [
-                r["name"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
-                r["greedy"]["new_token_share"], r["sampled"]["new_token_share"], r.get("tokenizer_new_share"),
-                r["greedy"]["chars_per_second_vs_source"], r["sampled"]["chars_per_second_vs_source"],
-                r["greedy"]["chars_per_token"], r["mt"]["chrf"],
-                r.get("lapt", {}).get("steps"), r["seconds"],
+        rows = [table_row(r) for r in entry["rows"]]
+        header = ["model", "bits/byte", "uniform", "greedy emitted new", "greedy canonical new", "greedy canon. rate",
+                  "sampled canon. rate", "text new", "x chars/s greedy", "x chars/s sampled", "c/tok greedy",
+                  "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "proc"]  # fmt: skip
+        parts.append(f"\n## {lang}\n\n" + (markdown_table(header, rows) if rows else "(no row finished yet)") + "\n")
+        for err in entry.get("errors", []):
+            parts.append(f"- process {err['process']}, {err['row']}: failed with `{err['error']}`\n")
+        if rows:
+            points = [
+                {
+                    "init": f"{r['init'] or 'source'} ({r['stage']})",
+                    "speedup": r["greedy"]["chars_per_second_vs_source"],
+                    "bits_per_byte": r["bpb"]["bits_per_byte"],
+                    "new_tokens": r["k"],
+                }
+                for r in entry["rows"]
             ]
-            for r in entry["rows"]
-        ]  # fmt: skip
-        header = ["model", "bits/byte", "uniform", "greedy new", "sampled new", "text new", "x chars/s greedy"]
-        header += ["x chars/s sampled", "c/tok", "chrF en->xx", "LAPT steps", "seconds"]
-        parts.append(f"\n## {lang}\n\n" + markdown_table(header, rows) + "\n")
-        points = [
-            {"init": f"{r['init'] or 'source'} ({r['stage']})", "speedup": r["greedy"]["chars_per_second_vs_source"],
-             "bits_per_byte": r["bpb"]["bits_per_byte"], "new_tokens": r["k"]}
-            for r in entry["rows"]
-        ]  # fmt: skip
-        png = path.with_name(f"{path.stem}-{lang}.png")
-        png.write_bytes(speedup_quality_png(points, entry["rows"][0]["bpb"]["bits_per_byte"], 0.02, XLABEL))
-        parts.append(f"![{lang}: greedy chars/s vs bits/byte]({png.name})\n")
+            source = next((r for r in entry["rows"] if r["stage"] == "source"), entry["rows"][0])
+            png = path.with_name(f"{path.stem}-{lang}.png")
+            png.write_bytes(speedup_quality_png(points, source["bpb"]["bits_per_byte"], 0.02, XLABEL))
+            parts.append(f"![{lang}: greedy chars/s vs bits/byte]({png.name})\n")
+    parts.append("\nCommand:\n\n    .venv/bin/python benchmarks/end_to_end.py --budget-minutes M [--resume]\n")
     path.write_text("\n".join(parts), encoding="utf-8")
 
 

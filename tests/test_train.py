@@ -140,6 +140,10 @@ def test_mtp_head_starts_as_the_lm_head_and_adds_its_loss(tied):
     torch.testing.assert_close(loss, reference + two_ahead)
     clm_loss, clm_again = LMObjective(model, "clm")(ids)
     torch.testing.assert_close(clm_loss, reference)
+    # validation scores CLM alone: the MTP head is not run at all
+    objective.mtp_head.register_forward_hook(lambda *_: pytest.fail("the MTP head ran under clm_only"))
+    validation, _ = objective(ids, clm_only=True)
+    torch.testing.assert_close(validation, reference)
 
 
 # ---------------------------------------------------------------- end to end

@@ -564,6 +564,7 @@ def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: f
     p.add_argument("--val-lines", type=int, default=256, help="lines held out for the validation loss")
     p.add_argument("--eval-every", type=int, help="steps between validation losses (default: 10 over the run)")
     p.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
+    p.add_argument("--save-minutes", type=float, help="also checkpoint after this many minutes of training")
     p.add_argument("--checkpoint-dir", help="default: <out>.checkpoints")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep the last checkpoint after success")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (if any)")

@@ -43,6 +43,7 @@ RULES: dict[str, Rule] = {
     "max_length": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
     "lr": POSITIVE,
     "minutes": POSITIVE,
+    "save_minutes": POSITIVE,
     "epochs": POSITIVE,
     "max_grad_norm": POSITIVE,
     "weight_decay": NON_NEGATIVE,

@@ -68,6 +68,10 @@ class TrainConfig:
     val_lines: int = 256  # held out from the corpus for the validation loss
     eval_every: int | None = None  # default: 10 evaluations over the run
     save_every: int = 200
+    save_minutes: float | None = None  # also checkpoint after this much training time since the last checkpoint
+    # a wall-clock time (time.time()) after which the run checkpoints and stops with TrainingStopped, to be
+    # continued with resume=True: a run that must fit in a bounded session
+    stop_at: float | None = None
     seed: int = 0
     max_grad_norm: float = 1.0
     field: str = "text"
@@ -122,6 +126,14 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; other systems differ
 
 
+class TrainingStopped(Exception):
+    """The run reached ``TrainConfig.stop_at``: a checkpoint holds its state, ``resume=True`` continues it."""
+
+    def __init__(self, checkpoint: Path, step: int, total: int):
+        super().__init__(f"stopped at step {step} of {total}; checkpoint {checkpoint} (continue with --resume)")
+        self.checkpoint, self.step, self.total = checkpoint, step, total
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
     return done[-1] if done else None
@@ -130,6 +142,8 @@ def latest_checkpoint(root: Path) -> Path | None:
 def _check_config(config: TrainConfig) -> None:
     if config.objective not in OBJECTIVES:
         raise TrainingError(f"unknown objective {config.objective!r}; choose one of {', '.join(OBJECTIVES)}.")
+    if config.save_minutes is not None and not (math.isfinite(config.save_minutes) and config.save_minutes > 0):
+        raise TrainingError(f"--save-minutes must be a positive number; got {config.save_minutes}.")
     for name in ("seq_len", "batch_size", "grad_accum", "save_every", "val_lines"):
         if getattr(config, name) <= 0:
             raise TrainingError(f"--{name.replace('_', '-')} must be positive; got {getattr(config, name)}.")
@@ -176,7 +190,8 @@ def _validation_loss(wrapped, chunks: torch.Tensor, batch_size: int, accelerator
         for i in range(calls):
             batch = mine[i * batch_size : (i + 1) * batch_size]
             weight = batch.shape[0]
-            _, clm = wrapped((batch if weight else chunks[:1]).to(device=accelerator.device, dtype=torch.long))
+            ids = (batch if weight else chunks[:1]).to(device=accelerator.device, dtype=torch.long)
+            _, clm = wrapped(ids, clm_only=True)
             total[0] += float(clm) * weight
             total[1] += weight
     total = accelerator.reduce(total, reduction="sum")
@@ -338,6 +353,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         disable=not (config.show_progress and accelerator.is_local_main_process),
     )
     phase_start, pending_checkpoint = 0, checkpoint
+    last_save = state.train_seconds
     for phase in plan:
         phase_end = phase_start + phase.steps
         objective.model = configure(objective.model, phase.setup)
@@ -377,11 +393,13 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses = accelerator.reduce(torch.stack([step_loss, step_clm]), reduction="mean")
-            state.train_seconds += time.perf_counter() - tick
+            seconds = time.perf_counter() - tick
+            state.train_seconds += seconds
             state.step = step + 1
             state.log.append(
                 {
                     "step": state.step,
+                    "seconds": round(seconds, 4),
                     "phase": phase.setup,
                     "loss": round(float(losses[0]), 5),
                     "clm_loss": round(float(losses[1]), 5),
@@ -396,8 +414,18 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                 loss=f"{state.log[-1]['loss']:.3f}",
                 tok_s=f"{state.step * tokens_per_step / max(state.train_seconds, 1e-9):.0f}",
             )
-            if state.step % config.save_every == 0 and state.step < total_steps:
-                _save_checkpoint(accelerator, root, state, config, scheduler)
+            if state.step < total_steps:
+                timed = config.save_minutes is not None and state.train_seconds - last_save >= 60 * config.save_minutes
+                stop = config.stop_at is not None and time.time() >= config.stop_at
+                if procs > 1:  # clocks differ between processes; saving is a collective, so all must agree
+                    flags = accelerator.reduce(torch.tensor([timed, stop], device=accelerator.device), "max")
+                    timed, stop = bool(flags[0]), bool(flags[1])
+                if state.step % config.save_every == 0 or timed or stop:
+                    saved = _save_checkpoint(accelerator, root, state, config, scheduler)
+                    last_save = state.train_seconds
+                    if stop:
+                        bar.close()
+                        raise TrainingStopped(saved, state.step, total_steps)
         last_phase = phase_end >= total_steps
         # after the last phase the whole module is needed to save (gathered under FSDP); before it, the next
         # phase prepares the same module again
@@ -433,6 +461,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         "mixed_precision": accelerator.mixed_precision,
         "device": str(accelerator.device),
         "gradient_checkpointing": config.gradient_checkpointing,
+        "torch_threads": torch.get_num_threads(),
         "source": info,
     }
     if accelerator.is_main_process:
