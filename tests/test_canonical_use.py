@@ -41,7 +41,7 @@ def test_new_token_spelled_out_has_rate_zero(ab_tokenizer):
 
 
 def test_noncanonical_new_token_counts_in_the_rate_but_not_as_matched(ab_tokenizer):
-    """"abc" is canonically ab + c ("ab" merges first); emitting a + bc uses a new token in the wrong place."""
+    """The text "abc" is canonically ab + c ("ab" merges first); emitting a + bc uses a new token in the wrong place."""
     tokenizer, ids = ab_tokenizer
     new = {ids["ab"], ids["bc"]}
     assert tokenizer("abc", add_special_tokens=False).input_ids == [ids["ab"], ids["c"]]
