@@ -303,6 +303,18 @@ def _downstream(model_spec: str, config: dict, loaded: tuple) -> dict:
     for t in result["tasks"]:
         summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}
     for g in result["generation"]:
-        summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
-        summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]
+        summary |= {f"{g['mode']}_{key}": g[key] for key in GENERATION_SUMMARY}
     return summary
+
+
+# per decoding mode (greedy_..., sampled_...) in eval.json's summary: speed and canonical use of the new tokens
+GENERATION_SUMMARY = (
+    "chars_per_second",
+    "tokens_per_second",
+    "chars_per_token",
+    "new_emitted_share",
+    "new_canonical_share",
+    "canonical_rate",
+    "canonical_matched",
+    "noncanonical_new",
+)

@@ -94,6 +94,22 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
     }
 
 
+# greedy generation on eval.prompts: summary key (after "greedy_") -> report column
+CANONICAL_COLUMNS = {
+    "chars_per_token": "chars/token (greedy)",
+    "new_emitted_share": "new emitted",
+    "new_canonical_share": "new canonical",
+    "canonical_rate": "canonical rate",
+    "noncanonical_new": "non-canonical",
+}
+CANONICAL_LEGEND = (
+    "\nGreedy generation on the eval prompts: new emitted = share of generated tokens that are new; new canonical "
+    "= their share when the same text is re-encoded with the tokenizer; canonical rate = new tokens emitted / new "
+    "tokens in that encoding; non-canonical = new tokens emitted where that encoding has none. New tokens used = "
+    "share of the new tokens the held-out text uses at all (context).\n"
+)
+
+
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
     """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
     from vocgraft.outdir import write_json
@@ -126,6 +142,12 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
     ]
     header = ["k", "init", "LAPT lines", "vocab", "tokens/line", "speedup", "bits/byte", "uniform", "vs source (rel.)"]
     header += ["new tokens used", "chrF en-xx"]
+    generated = [p["adapted"].get("downstream", {}) for p in points]
+    canonical_columns = any("greedy_canonical_rate" in g for g in generated)  # eval.prompts were generated from
+    if canonical_columns:
+        for row, g in zip(rows, generated):
+            row += [g[f"greedy_{key}"] if g.get(f"greedy_{key}") is not None else "–" for key in CANONICAL_COLUMNS]
+        header += list(CANONICAL_COLUMNS.values())
     best = rec["point"]
     setting = f"k={best['new_tokens']}, init={best['init']}" + (
         f", |D|={best['train_sample']}" if best["train_sample"] is not None else ""
@@ -155,6 +177,8 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         markdown_table(header, rows),
         "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
     ]
+    if canonical_columns:
+        text.insert(-1, CANONICAL_LEGEND)
     if sized:
         text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
