@@ -1,10 +1,14 @@
-"""Canonical use of new tokens: emitted ids against the canonical encoding of the same text, on hand-made cases."""
+"""Canonical use of new tokens on hand-made cases: emitted ids against the canonical encoding of the same text
+(free-running), and the teacher-forced argmax at canonical new-token positions."""
 
 from __future__ import annotations
 
 import pytest
-from tiny import lines, tiny_bytelevel_tokenizer, tiny_sp_tokenizer, tokenizer_with_extra_merges
+import torch
+from tiny import lines, tiny_bytelevel_tokenizer, tiny_sp_tokenizer, tiny_unigram_tokenizer, tokenizer_with_extra_merges
 
+from vocgraft.eval.argmax import NewTokenArgmax, first_pieces
+from vocgraft.eval.bpb import bits_per_byte
 from vocgraft.eval.canonical_use import CANONICAL_KEYS, CanonicalUse, canonical_use
 
 
@@ -109,3 +113,50 @@ def test_the_canonical_encoding_itself_is_fully_canonical(family):
         assert use.noncanonical_new == 0 and use.unaligned_bytes == 0
         total += use
     assert total.canonical_new > 10  # the check above compared real new tokens
+
+
+class NextTokenTable(torch.nn.Module):
+    """A model whose logits depend only on the current input token: ``table[input_id]``."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = torch.nn.Parameter(table, requires_grad=False)
+
+    def forward(self, input_ids, attention_mask=None):
+        return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+def test_first_pieces_spell_new_tokens_without_new_tokens(ab_tokenizer):
+    tokenizer, ids = ab_tokenizer
+    assert first_pieces(tokenizer, {ids["ab"], ids["bc"]}) == {ids["ab"]: ids["a"], ids["bc"]: ids["b"]}
+    nested = tokenizer_with_extra_merges(tiny_bytelevel_tokenizer(257, text=["c d"]), [("Ġ", "a"), ("Ġa", "b")])
+    new = set(range(257, len(nested)))
+    assert first_pieces(nested, new) == dict.fromkeys(new, nested.convert_tokens_to_ids("Ġ"))
+    with pytest.raises(ValueError, match="first pieces need a BPE tokenizer"):
+        first_pieces(tiny_unigram_tokenizer(), {5})
+
+
+def test_teacher_forced_argmax_rate_counts_new_token_and_first_piece_wins(ab_tokenizer):
+    """ "xab ab" is x ab Ġ ab: two canonical new-token positions. The model's argmax after x is "ab" (a hit) and
+    after Ġ is "a", the first piece (a miss that spells the word out)."""
+    tokenizer, ids = ab_tokenizer
+    assert tokenizer("xab ab", add_special_tokens=False).input_ids == [ids["x"], ids["ab"], ids["Ġ"], ids["ab"]]
+    table = torch.zeros(len(tokenizer), len(tokenizer))
+    table[ids["x"], ids["ab"]] = 5.0
+    table[ids["Ġ"], ids["a"]] = 5.0
+    table[ids["Ġ"], ids["ab"]] = 4.0
+    model = NextTokenTable(table)
+    new = {ids["ab"], ids["bc"]}
+    result = bits_per_byte(model, tokenizer, ["xab ab"], show_progress=False, new_token_ids=new)
+    assert result["argmax_new_positions"] == 2
+    assert result["argmax_new_share"] == 0.5 and result["argmax_first_piece_share"] == 0.5
+    plain = bits_per_byte(model, tokenizer, ["xab ab"], show_progress=False)
+    assert plain["bits_per_byte"] == pytest.approx(result["bits_per_byte"], rel=1e-7)
+    assert "argmax_new_share" not in plain  # the default pass computes nothing extra
+    none = bits_per_byte(model, tokenizer, ["xa b"], show_progress=False, new_token_ids=new)
+    assert none["argmax_new_positions"] == 0 and none["argmax_new_share"] is None
+    # the counter on its own, as a training loop would feed it: logits and labels of scored positions
+    counter = NewTokenArgmax(new, {ids["ab"]: ids["a"]})
+    logits = table[[ids["x"], ids["Ġ"], ids["a"]]]
+    counter.update(logits, torch.tensor([ids["ab"], ids["ab"], ids["b"]]))
+    assert counter.summary() == {"argmax_new_positions": 2, "argmax_new_share": 0.5, "argmax_first_piece_share": 0.5}
