@@ -82,6 +82,13 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     text = report.read_text()
     assert "Recommendation" in text and "![speedup vs bits/byte](speedup_vs_bpb.png)" in text
     assert "canonical rate" not in text  # no eval prompts: no generation columns
+    assert "| argmax new |" in text  # teacher-forced, from the bits/byte pass every point has
+    for point in sweep["points"]:
+        adapted = point["adapted"]
+        assert "argmax_new_share" in adapted and "argmax_first_piece_share" in adapted
+        shares = [adapted["argmax_new_share"], adapted["argmax_first_piece_share"]]
+        assert all(s is None or 0.0 <= s <= 1.0 for s in shares)
+        assert (shares[0] is None) == (shares[1] is None)  # BPE: first pieces known wherever positions are
     assert (tmp_path / "sweep" / "speedup_vs_bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert saved["recommendation"]["point"]["init"] in ("mean", "random")

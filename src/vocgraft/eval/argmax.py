@@ -51,9 +51,9 @@ class NewTokenArgmax:
     """Counts, over scored positions whose label is a new token: positions, argmax == the label, argmax == the
     label's first piece. Feed it the logits and labels of scored positions with :meth:`update`."""
 
-    def __init__(self, new_ids: Collection[int], first_piece: Mapping[int, int]):
+    def __init__(self, new_ids: Collection[int], first_piece: Mapping[int, int] | None):
         self.new_ids = sorted(set(new_ids))
-        self.first_piece = dict(first_piece)
+        self.first_piece = dict(first_piece) if first_piece is not None else None  # None: not known
         self.positions = self.hits = self.first_piece_hits = 0
         self._tables: dict = {}
 
@@ -65,7 +65,7 @@ class NewTokenArgmax:
             is_new = torch.zeros(size, dtype=torch.bool)
             is_new[self.new_ids] = True
             first = torch.full((size,), -1, dtype=torch.long)
-            if self.first_piece:
+            if self.first_piece:  # a dict with entries
                 first[list(self.first_piece)] = torch.tensor(list(self.first_piece.values()), dtype=torch.long)
             self._tables[key] = (is_new.to(device), first.to(device))
         return self._tables[key]
@@ -86,10 +86,11 @@ class NewTokenArgmax:
 
     def summary(self) -> dict:
         """``argmax_new_positions``; ``argmax_new_share`` (argmax is the canonical new token) and
-        ``argmax_first_piece_share`` (argmax is its first piece instead), None without new-token positions."""
+        ``argmax_first_piece_share`` (argmax is its first piece instead), None without new-token positions (the
+        latter also without a first-piece table)."""
         n = self.positions
         return {
             "argmax_new_positions": n,
             "argmax_new_share": self.hits / n if n else None,
-            "argmax_first_piece_share": self.first_piece_hits / n if n else None,
+            "argmax_first_piece_share": self.first_piece_hits / n if n and self.first_piece is not None else None,
         }

@@ -131,7 +131,7 @@ def bits_per_byte(
     With ``new_token_ids`` also the teacher-forced argmax rate of the new tokens from the same logits
     (:class:`vocgraft.eval.argmax.NewTokenArgmax`: ``argmax_new_positions``, ``argmax_new_share``,
     ``argmax_first_piece_share``); ``first_piece`` (new id -> first piece) defaults to
-    :func:`vocgraft.eval.argmax.first_pieces` of ``tokenizer``."""
+    :func:`vocgraft.eval.argmax.first_pieces` of ``tokenizer`` (none for a tokenizer that is not BPE)."""
     if token_ids is None:
         token_ids = tokenizer(list(lines), add_special_tokens=False)["input_ids"]
     prefix_id = default_prefix_id(tokenizer) if prefix_id is None else prefix_id
@@ -140,8 +140,12 @@ def bits_per_byte(
     start = time.perf_counter()
     argmax = None
     if new_token_ids is not None:
-        pieces = first_pieces(tokenizer, new_token_ids) if first_piece is None else first_piece
-        argmax = NewTokenArgmax(new_token_ids, pieces)
+        if first_piece is None:
+            try:
+                first_piece = first_pieces(tokenizer, new_token_ids)
+            except ValueError:  # not BPE: no first pieces, the new-token share alone
+                first_piece = None
+        argmax = NewTokenArgmax(new_token_ids, first_piece)
     nll, scored, forward_tokens, padded_tokens = score_windows(
         model, windows, batch_size * max_length, show_progress, argmax
     )
