@@ -160,3 +160,18 @@ def test_teacher_forced_argmax_rate_counts_new_token_and_first_piece_wins(ab_tok
     logits = table[[ids["x"], ids["Ġ"], ids["a"]]]
     counter.update(logits, torch.tensor([ids["ab"], ids["ab"], ids["b"]]))
     assert counter.summary() == {"argmax_new_positions": 2, "argmax_new_share": 0.5, "argmax_first_piece_share": 0.5}
+
+
+def test_argmax_rate_without_first_pieces_for_a_tokenizer_that_is_not_bpe():
+    tokenizer = tiny_unigram_tokenizer()
+    text = lines("el", 3)
+    used = {t for ids in tokenizer(text, add_special_tokens=False).input_ids for t in ids}
+    new = set(sorted(used)[-5:])
+    table = torch.zeros(len(tokenizer), len(tokenizer))
+    table[:, max(new)] = 1.0  # the argmax is always the largest new id
+    result = bits_per_byte(NextTokenTable(table), tokenizer, text, show_progress=False, new_token_ids=new)
+    labels = [t for ids in tokenizer(text, add_special_tokens=False).input_ids for t in ids]
+    positions = sum(t in new for t in labels)
+    assert result["argmax_new_positions"] == positions > 0
+    assert result["argmax_new_share"] == pytest.approx(labels.count(max(new)) / positions)
+    assert result["argmax_first_piece_share"] is None  # Unigram has no merges to take the new tokens apart
