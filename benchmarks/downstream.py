@@ -2,7 +2,9 @@
 
 Per language: expand SmolLM2 with k new tokens (Align, no training) on the shared train split, then measure both
 models in the same process (`vocgraft downstream`'s code): greedy and sampled generation on prompts cut from
-held-out lines (tokens/s, characters/s, new-token share) and MT en->xx and xx->en on the shared parallel pairs.
+held-out lines (tokens/s, characters/s, and how the model uses its new tokens: the share it emits, the share the
+canonical encoding of the same text has, the canonical rate, matched and non-canonical new tokens, with the share
+in the prompts as context) and MT en->xx and xx->en on the shared parallel pairs.
 
     .venv/bin/python benchmarks/downstream.py [--langs el hi] [--k 1000] [--mt-limit 50] [--prompts 20]
 """

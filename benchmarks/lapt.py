@@ -24,6 +24,7 @@ from common import new_report
 from vocgraft.cli import SHARED_CORPORA, write_json
 from vocgraft.corpus import read_lines
 from vocgraft.eval import bits_per_byte
+from vocgraft.eval.downstream import new_token_ids
 from vocgraft.models import load_model
 from vocgraft.recipes.expand import expand_model
 from vocgraft.report import markdown_table
@@ -35,10 +36,13 @@ from vocgraft.train.strategies import STRATEGIES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def heldout_bpb(model_dir: str, lines: list[str]) -> dict:
+def heldout_bpb(model_dir: str, lines: list[str], new_ids: set[int] | None) -> dict:
+    """Bits/byte, and with ``new_ids`` the teacher-forced argmax rate of the new tokens from the same pass."""
     model, tokenizer = load_model(model_dir)
-    result = bits_per_byte(model, tokenizer, lines, show_progress=False)
-    return {k: result[k] for k in ("bits_per_byte", "uniform_bits_per_byte", "tokens_scored", "seconds")}
+    result = bits_per_byte(model, tokenizer, lines, show_progress=False, new_token_ids=new_ids)
+    keys = ["bits_per_byte", "uniform_bits_per_byte", "tokens_scored", "seconds"]
+    keys += ["argmax_new_positions", "argmax_new_share", "argmax_first_piece_share"] if new_ids is not None else []
+    return {k: result[k] for k in keys}
 
 
 def bare_loop_tokens_per_second(model_spec: str, corpus: str, args) -> float:
@@ -86,7 +90,8 @@ def main() -> None:
         expand_model(args.model, read_lines(corpus, limit=32768), args.k, "align", expanded, aux_vocab_size=32000)
         report["expand_seconds"] = time.perf_counter() - start
         for name, spec in ((f"expanded k={args.k} align", expanded), ("source", args.model)):
-            report["models"][name] = {"spec": spec, "before": heldout_bpb(spec, heldout)}
+            new_ids = new_token_ids(spec)  # the expanded model's plan; None for the source
+            report["models"][name] = {"spec": spec, "before": heldout_bpb(spec, heldout, new_ids)}
             print(f"{name}: {report['models'][name]['before']['bits_per_byte']:.3f} bits/byte before", flush=True)
             for strategy in args.strategies:
                 for objective in args.objectives:
@@ -104,7 +109,7 @@ def main() -> None:
                         **{k: summary[k] for k in ("steps", "tokens_per_second", "train_seconds", "wall_seconds")},
                         **{k: summary[k] for k in ("trainable_parameters", "total_parameters", "val_loss_start")},
                         "val_loss_end": summary["val_loss_end"],
-                        "after": heldout_bpb(str(out), heldout),
+                        "after": heldout_bpb(str(out), heldout, new_ids),
                     }
                     shutil.rmtree(out)
                     report["runs"].append(run)
@@ -142,11 +147,12 @@ def write_markdown(report: dict, path: str) -> None:
             report["models"][r["model"]]["before"]["bits_per_byte"],
             r["after"]["bits_per_byte"],
             r["after"]["uniform_bits_per_byte"],
+            r["after"].get("argmax_new_share"),
         ]
         for r in report["runs"]
     ]
     header = ["model", "strategy", "objective", "trainable", "tokens/s", "wall s", "val loss start", "val loss end"]
-    header += ["bits/byte before", "bits/byte after", "uniform"]
+    header += ["bits/byte before", "bits/byte after", "uniform", "argmax new after"]
     o = report["overhead"]
     text = [
         f"# LAPT on {a['lang']}: {report['model']}\n",
@@ -154,7 +160,8 @@ def write_markdown(report: dict, path: str) -> None:
         f"({a['val_lines']} of them held out for the validation loss), seq-len {a['seq_len']}, "
         f"batch {a['batch_size']}, "
         f"{a['steps']} optimizer steps per run at lr {a['lr']} (warmup capped at 10% of the steps); bits/byte on the "
-        f"first {a['eval_lines']} held-out lines.\n",
+        f"first {a['eval_lines']} held-out lines; argmax new: where that text has a new token, the share of those "
+        "positions where the trained model's argmax is that token (teacher-forced).\n",
         markdown_table(header, rows),
         f"\nTrainer overhead (source model, full, clm): {o['ours_tokens_per_second']:.0f} tokens/s vs a bare PyTorch "
         f"loop {o['bare_tokens_per_second']:.0f} tokens/s: ratio {o['ratio']:.3f}.\n",

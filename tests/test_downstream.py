@@ -9,6 +9,7 @@ from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
 
 from vocgraft.cli import main
 from vocgraft.corpus import CorpusError
+from vocgraft.eval.canonical_use import CANONICAL_KEYS
 from vocgraft.eval.generation import generation_speed, prompts_from_lines
 from vocgraft.eval.metrics import chrf, lcs_length, rouge_l, token_f1, words
 from vocgraft.eval.mt import build_prompt, read_pairs, translate_and_score
@@ -176,10 +177,17 @@ def test_generation_speed_counts_tokens_and_new_token_share(tiny):
     every = set(range(len(tokenizer)))
     greedy = generation_speed(model, tokenizer, prompts, sampled=False, max_new_tokens=5, new_token_ids=every)
     assert greedy["generated_tokens"] <= 15 and greedy["tokens_per_second"] > 0
-    assert greedy["new_token_share"] == 1.0
+    assert greedy["new_token_share"] == greedy["new_emitted_share"] == 1.0
+    # every id new: the canonical encoding of the same text is all new tokens too, and the rate a ratio of sums
+    counts = greedy["canonical_counts"]
+    assert greedy["new_canonical_share"] == 1.0 and counts["canonical_tokens"] > 0
+    assert greedy["canonical_rate"] == counts["emitted_new"] / counts["canonical_new"]
+    assert greedy["canonical_matched"] + greedy["noncanonical_new"] <= counts["emitted_new"]
     none = generation_speed(model, tokenizer, prompts, sampled=True, max_new_tokens=5, new_token_ids=set())
     assert none["new_token_share"] == 0.0 and none["mode"] == "sampled"
-    assert generation_speed(model, tokenizer, prompts, sampled=False, max_new_tokens=5)["new_token_share"] is None
+    assert none["canonical_rate"] is None and none["new_canonical_share"] == 0.0
+    plain = generation_speed(model, tokenizer, prompts, sampled=False, max_new_tokens=5)
+    assert plain["new_token_share"] is None and all(plain[key] is None for key in CANONICAL_KEYS)
 
 
 def test_mt_uses_the_first_pairs_as_examples_and_scores_the_rest(tiny, tmp_path):
@@ -237,6 +245,7 @@ def test_downstream_cli_reports_model_and_baseline(tiny, tmp_path, capsys):
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "chrF" in printed and "tokens/s" in printed and "accuracy_per_byte" in printed
+    assert "canonical rate" in printed and "non-canonical" in printed
     assert "nli accuracy: label whose first token" in printed
     report = json.loads(out.read_text())
     assert len(report["results"]) == 2

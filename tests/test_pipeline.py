@@ -81,6 +81,14 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     report = write_report(sweep, tmp_path / "sweep")
     text = report.read_text()
     assert "Recommendation" in text and "![speedup vs bits/byte](speedup_vs_bpb.png)" in text
+    assert "canonical rate" not in text  # no eval prompts: no generation columns
+    assert "| argmax new |" in text  # teacher-forced, from the bits/byte pass every point has
+    for point in sweep["points"]:
+        adapted = point["adapted"]
+        assert "argmax_new_share" in adapted and "argmax_first_piece_share" in adapted
+        shares = [adapted["argmax_new_share"], adapted["argmax_first_piece_share"]]
+        assert all(s is None or 0.0 <= s <= 1.0 for s in shares)
+        assert (shares[0] is None) == (shares[1] is None)  # BPE: first pieces known wherever positions are
     assert (tmp_path / "sweep" / "speedup_vs_bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert saved["recommendation"]["point"]["init"] in ("mean", "random")
@@ -140,13 +148,20 @@ def test_sweep_over_lapt_sizes_plots_quality_against_size_and_runs_configured_ta
     raw = config_for(workspace, tmp_path / "sized") | {
         "train": {"strategy": "embeddings", "max_steps": 1, "batch_size": 2, "seq_len": 32, "val_lines": 4},
         "eval": {"limit": 10, "max_length": 64, "nli": str(nli), "mt": str(SHARED_CORPORA / "parallel" / "en-el.tsv"),
-                 "mt_limit": 1, "shots": 1, "max_new_tokens": 4},
+                 "mt_limit": 1, "shots": 1, "max_new_tokens": 4, "prompts": 2},
     }  # fmt: skip
     sweep = run_sweep(validate(raw), [5], ["mean"], sizes=[16, 32])
     assert [p["train_sample"] for p in sweep["points"]] == [16, 32]
     downstream = sweep["points"][0]["adapted"]["downstream"]
     assert 0.0 <= downstream["nli_accuracy"] <= 1.0 and 0.0 <= downstream["nli_accuracy_per_byte"] <= 1.0
     assert "chrf_en-el" in downstream
+    # generation on the prompts: how the expanded model uses its new tokens, per decoding mode
+    counts = {k: downstream[f"greedy_{k}"] for k in ("new_emitted_share", "new_canonical_share", "chars_per_token")}
+    assert all(0.0 <= v for v in counts.values()) and counts["new_emitted_share"] <= 1.0
+    rate = downstream["sampled_canonical_rate"]
+    assert rate is None or rate >= 0.0
     write_report(sweep, tmp_path / "sized")
     assert (tmp_path / "sized" / "bpb_vs_size.png").read_bytes()[:4] == b"\x89PNG"
-    assert "![bits/byte vs |D|](bpb_vs_size.png)" in (tmp_path / "sized" / "report.md").read_text()
+    report = (tmp_path / "sized" / "report.md").read_text()
+    assert "![bits/byte vs |D|](bpb_vs_size.png)" in report
+    assert "| canonical rate | non-canonical |" in report and "canonical rate = new tokens emitted" in report

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from vocgraft.eval.bpb import bits_per_byte, uniform_bits_per_byte
 from vocgraft.eval.fertility import encode_lines, fertility, speedup
@@ -21,8 +21,10 @@ def evaluate(
     stride: int | None = None,
     batch_size: int = 8,
     show_progress: bool = True,
+    new_token_ids: Collection[int] | None = None,
 ) -> dict:
-    """Everything `vocgraft eval` reports for one model on one text, as a JSON-ready dict."""
+    """Everything `vocgraft eval` reports for one model on one text, as a JSON-ready dict; with ``new_token_ids``
+    bits/byte also carries the teacher-forced argmax rate of the new tokens."""
     token_ids = encode_lines(tokenizer, lines)
     result = {"tokenizer": fertility(token_ids, lines)}
     if baseline_tokenizer is not None:
@@ -46,5 +48,6 @@ def evaluate(
             stride=stride,
             batch_size=batch_size,
             show_progress=show_progress,
+            new_token_ids=new_token_ids,
         )
     return result

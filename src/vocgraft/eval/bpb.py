@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from vocgraft.eval.argmax import NewTokenArgmax, first_pieces
 from vocgraft.progress import progress
 
 
@@ -85,9 +86,10 @@ def collate(batch: list[Window], device) -> tuple[torch.Tensor, torch.Tensor, to
 
 @torch.inference_mode()
 def score_windows(
-    model, windows: list[Window], max_tokens: int, show_progress: bool = True
+    model, windows: list[Window], max_tokens: int, show_progress: bool = True, argmax: NewTokenArgmax | None = None
 ) -> tuple[float, int, int, int]:
-    """Sum of NLL (nats) over scored labels; numbers of scored labels, of non-pad inputs and of inputs with pads."""
+    """Sum of NLL (nats) over scored labels; numbers of scored labels, of non-pad inputs and of inputs with pads.
+    ``argmax`` counts the argmax at new-token labels from the same logits."""
     device = next(model.parameters()).device
     total_nll, scored, forward_tokens, padded_tokens = 0.0, 0, 0, 0
     batches = batches_by_budget(windows, max_tokens)
@@ -96,8 +98,11 @@ def score_windows(
         input_ids, attention, labels = collate(batch, device)
         hidden_logits = model(input_ids=input_ids, attention_mask=attention).logits
         mask = labels != -100
-        nll = F.cross_entropy(hidden_logits[mask].float(), labels[mask], reduction="sum")
+        scored_logits, scored_labels = hidden_logits[mask], labels[mask]
+        nll = F.cross_entropy(scored_logits.float(), scored_labels, reduction="sum")
         total_nll += nll.item()
+        if argmax is not None:
+            argmax.update(scored_logits, scored_labels)
         n = int(mask.sum())
         scored += n
         forward_tokens += int(attention.sum())
@@ -118,15 +123,32 @@ def bits_per_byte(
     batch_size: int = 8,
     prefix_id: int | None = None,
     show_progress: bool = True,
+    new_token_ids: Collection[int] | None = None,
+    first_piece: Mapping[int, int] | None = None,
 ) -> dict:
-    """Bits per UTF-8 byte, per-token perplexity and the uniform reference of ``model`` on ``lines``."""
+    """Bits per UTF-8 byte, per-token perplexity and the uniform reference of ``model`` on ``lines``.
+
+    With ``new_token_ids`` also the teacher-forced argmax rate of the new tokens from the same logits
+    (:class:`vocgraft.eval.argmax.NewTokenArgmax`: ``argmax_new_positions``, ``argmax_new_share``,
+    ``argmax_first_piece_share``); ``first_piece`` (new id -> first piece) defaults to
+    :func:`vocgraft.eval.argmax.first_pieces` of ``tokenizer`` (none for a tokenizer that is not BPE)."""
     if token_ids is None:
         token_ids = tokenizer(list(lines), add_special_tokens=False)["input_ids"]
     prefix_id = default_prefix_id(tokenizer) if prefix_id is None else prefix_id
     stride = stride or max_length // 2
     windows = [w for ids in token_ids for w in make_windows(ids, prefix_id, max_length, stride)]
     start = time.perf_counter()
-    nll, scored, forward_tokens, padded_tokens = score_windows(model, windows, batch_size * max_length, show_progress)
+    argmax = None
+    if new_token_ids is not None:
+        if first_piece is None:
+            try:
+                first_piece = first_pieces(tokenizer, new_token_ids)
+            except ValueError:  # not BPE: no first pieces, the new-token share alone
+                first_piece = None
+        argmax = NewTokenArgmax(new_token_ids, first_piece)
+    nll, scored, forward_tokens, padded_tokens = score_windows(
+        model, windows, batch_size * max_length, show_progress, argmax
+    )
     seconds = time.perf_counter() - start
     nbytes = sum(len(line.encode("utf-8")) for line in lines)
     vocab = len(tokenizer)
@@ -145,6 +167,7 @@ def bits_per_byte(
         "forward_tokens": forward_tokens,
         "padding_share": 1 - forward_tokens / padded_tokens if padded_tokens else 0.0,
         "forward_tokens_per_second": forward_tokens / seconds if seconds else float("nan"),
+        **(argmax.summary() if argmax is not None else {}),
     }
 
 

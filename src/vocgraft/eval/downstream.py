@@ -24,6 +24,14 @@ class DownstreamSpec:
     seed: int = 0
 
 
+GENERATION_LEGEND = (
+    "new emitted: share of generated tokens that are new; new canonical: share of new tokens when the same text is "
+    "re-encoded with the tokenizer; canonical rate: new tokens emitted / new tokens in that canonical encoding; "
+    "matched: canonical new tokens emitted as exactly that token; non-canonical: new tokens emitted where the "
+    "canonical encoding has none; new in prompts: share of new tokens in the prompts (held-out text), context only."
+)
+
+
 def new_token_ids(model_dir: str) -> set[int] | None:
     """The plan's new ids when ``model_dir`` is a vocgraft output (``vocgraft-plan.json``), else None."""
     from vocgraft.plan import VocabPlan
@@ -85,12 +93,13 @@ def markdown_summary(results: list[dict]) -> str:
     parts = []
     generation = [(r["model"], g) for r in results for g in r["generation"]]
     if generation:
-        rows = [
-            [m, g["mode"], g["tokens_per_second"], g["chars_per_second"], g["chars_per_token"], g["new_token_share"]]
-            for m, g in generation
-        ]
-        header = ["model", "decoding", "tokens/s", "chars/s", "chars/token", "new-token share"]
+        keys = ["tokens_per_second", "chars_per_second", "chars_per_token", "new_emitted_share"]
+        keys += ["new_canonical_share", "canonical_rate", "canonical_matched", "noncanonical_new", "prompt_new_share"]
+        rows = [[m, g["mode"], *(g.get(k) for k in keys)] for m, g in generation]
+        header = ["model", "decoding", "tokens/s", "chars/s", "chars/token", "new emitted", "new canonical"]
+        header += ["canonical rate", "matched", "non-canonical", "new in prompts"]
         parts.append(markdown_table(header, [[c if c is not None else "–" for c in row] for row in rows]))
+        parts.append(GENERATION_LEGEND)
     mt = [(r["model"], x) for r in results for x in r["mt"]]
     if mt:
         rows = [[m, x["direction"], x["pairs"], x["chrf"]] for m, x in mt]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 
 def run_eval(
     model_spec: str,
@@ -16,9 +18,11 @@ def run_eval(
     dtype: str = "auto",
     device: str = "auto",
     loaded: tuple | None = None,
+    new_token_ids: Collection[int] | None = None,
 ) -> dict:
     """``vocgraft eval`` on one model: loaded in ``dtype`` on ``device``, or given as ``loaded`` = (model,
-    tokenizer, load seconds) by a caller that measures more with the same model (the pipeline)."""
+    tokenizer, load seconds) by a caller that measures more with the same model (the pipeline); ``new_token_ids``:
+    see :func:`vocgraft.eval.evaluate`."""
     from vocgraft.corpus import read_lines
     from vocgraft.eval import evaluate
     from vocgraft.models import describe, load_tokenizer, timed_load
@@ -34,6 +38,7 @@ def run_eval(
         with_bpb=with_bpb,
         max_length=max_length,
         batch_size=batch_size,
+        new_token_ids=new_token_ids,
     )
     return {
         "model": model_spec,

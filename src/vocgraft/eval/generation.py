@@ -13,6 +13,8 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from vocgraft.eval.canonical_use import CANONICAL_KEYS, CanonicalUse, canonical_use
+
 # paper 000 Table 4 / paper 003 Table 7, without beam search (one hypothesis: the speed of plain decoding)
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
 GREEDY = {"do_sample": False}
@@ -67,7 +69,18 @@ def generation_speed(
     new_token_ids: Collection[int] | None = None,
     seed: int = 0,
 ) -> dict:
-    """Tokens/s and characters/s over ``prompts``; the share of generated tokens that are new when ``new_token_ids``."""
+    """Tokens/s and characters/s over ``prompts``, and with ``new_token_ids`` how the model uses its new tokens.
+
+    Keys: ``mode``, ``prompts``, ``generated_tokens`` (EOS included), ``generated_chars``, ``seconds``,
+    ``tokens_per_second``, ``chars_per_second``, ``chars_per_token`` (characters per generated token); and, None
+    without ``new_token_ids``, the canonical-use columns of :meth:`vocgraft.eval.canonical_use.CanonicalUse.summary`
+    summed over all continuations: ``new_emitted_share``, ``new_canonical_share``, ``canonical_rate`` (new ids
+    emitted / new ids in the canonical encoding of the same text), ``canonical_matched``,
+    ``canonical_matched_share``, ``noncanonical_new``, ``canonical_counts``, and as context (not the target: a
+    model that answers in another language owes no new tokens) ``prompt_new_share``, the share of new ids in the
+    prompts' own encoding (held-out text). ``new_token_share`` is ``new_emitted_share`` under its older name.
+    The comparison with the canonical encoding runs outside the timed calls.
+    """
     if not prompts:
         raise ValueError("no prompts to generate from.")
     settings = SAMPLING if sampled else GREEDY
@@ -77,6 +90,10 @@ def generation_speed(
     tokens = text_tokens = chars = new = 0
     seconds = 0.0
     eos = tokenizer.eos_token_id
+    new_ids = set(new_token_ids) if new_token_ids is not None else None
+    use = CanonicalUse()
+    prompt_tokens = prompt_new = 0
+    special = set(tokenizer.all_special_ids)
     for prompt in prompts:
         start = time.perf_counter()
         generated = generate_one(model, tokenizer, prompt, max_new_tokens, settings)
@@ -85,8 +102,15 @@ def generation_speed(
         tokens += len(generated)
         text_tokens += len(text_ids)
         chars += len(tokenizer.decode(text_ids, skip_special_tokens=True))
-        if new_token_ids is not None:
-            new += sum(t in new_token_ids for t in text_ids)
+        if new_ids is not None:
+            new += sum(t in new_ids for t in text_ids)
+            prompt_ids = tokenizer(prompt).input_ids
+            use += canonical_use(tokenizer, prompt_ids, generated, new_ids)
+            prompt_tokens += sum(t not in special for t in prompt_ids)
+            prompt_new += sum(t in new_ids for t in prompt_ids)
+    canonical = use.summary() if new_ids is not None else dict.fromkeys(CANONICAL_KEYS)
+    # context, not the target: how much of the held-out text the prompts were cut from is new tokens
+    canonical["prompt_new_share"] = prompt_new / max(prompt_tokens, 1) if new_ids is not None else None
     return {
         "mode": "sampled" if sampled else "greedy",
         "prompts": len(prompts),
@@ -98,4 +122,5 @@ def generation_speed(
         "chars_per_token": chars / max(tokens, 1),
         # of the text tokens: an EOS is neither new nor old
         "new_token_share": new / max(text_tokens, 1) if new_token_ids is not None else None,
+        **canonical,
     }

@@ -255,8 +255,15 @@ def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -
     ev = config["eval"]
     device, dtype = placement(config, "eval")
     loaded = timed_load(model_spec, dtype, device)
+    new_ids = new_token_ids(model_spec)
     result = run_eval(
-        model_spec, config["heldout"], baseline=baseline, limit=ev["limit"], max_length=ev["max_length"], loaded=loaded
+        model_spec,
+        config["heldout"],
+        baseline=baseline,
+        limit=ev["limit"],
+        max_length=ev["max_length"],
+        loaded=loaded,
+        new_token_ids=new_ids,
     )
     facts = {
         "tokens_per_line": result["tokenizer"]["tokens_per_line_mean"],
@@ -265,7 +272,6 @@ def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -
         "speedup": result.get("speedup", 1.0),
     }
     tokenizer = loaded[1]
-    new_ids = new_token_ids(model_spec)
     if new_ids is not None:  # the share of the new tokens the held-out text actually uses
         from vocgraft.corpus import read_lines
         from vocgraft.eval import encode_lines
@@ -273,6 +279,9 @@ def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -
 
         text = read_lines(config["heldout"], limit=ev["limit"])
         facts["new_tokens_used_share"] = new_tokens_used_share(encode_lines(tokenizer, text), new_ids)
+        # teacher-forced on the same text: where it has a new token, how often the model's argmax is that token
+        facts["argmax_new_share"] = result["bpb"]["argmax_new_share"]
+        facts["argmax_first_piece_share"] = result["bpb"]["argmax_first_piece_share"]
     if ev["mt"] or ev["prompts"] or any(ev[task] for task in TASKS):
         facts["downstream"] = _downstream(model_spec, config, loaded[:2])
     path.mkdir(parents=True, exist_ok=True)
@@ -303,6 +312,18 @@ def _downstream(model_spec: str, config: dict, loaded: tuple) -> dict:
     for t in result["tasks"]:
         summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}
     for g in result["generation"]:
-        summary[f"{g['mode']}_chars_per_second"] = g["chars_per_second"]
-        summary[f"{g['mode']}_tokens_per_second"] = g["tokens_per_second"]
+        summary |= {f"{g['mode']}_{key}": g[key] for key in GENERATION_SUMMARY}
     return summary
+
+
+# per decoding mode (greedy_..., sampled_...) in eval.json's summary: speed and canonical use of the new tokens
+GENERATION_SUMMARY = (
+    "chars_per_second",
+    "tokens_per_second",
+    "chars_per_token",
+    "new_emitted_share",
+    "new_canonical_share",
+    "canonical_rate",
+    "canonical_matched",
+    "noncanonical_new",
+)

@@ -94,6 +94,25 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
     }
 
 
+# greedy generation on eval.prompts: summary key (after "greedy_") -> report column
+CANONICAL_COLUMNS = {
+    "chars_per_token": "chars/token (greedy)",
+    "new_emitted_share": "new emitted",
+    "new_canonical_share": "new canonical",
+    "canonical_rate": "canonical rate",
+    "noncanonical_new": "non-canonical",
+}
+CANONICAL_LEGEND = (
+    "\nGreedy generation on the eval prompts: new emitted = share of generated tokens that are new; new canonical "
+    "= their share when the same text is re-encoded with the tokenizer; canonical rate = new tokens emitted / new "
+    "tokens in that encoding; non-canonical = new tokens emitted where that encoding has none.\n"
+)
+
+
+def _cell(value):
+    return "–" if value is None else value
+
+
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
     """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
     from vocgraft.outdir import write_json
@@ -120,12 +139,19 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
             p["adapted"]["uniform_bits_per_byte"],
             p["bits_per_byte"] / source_bpb - 1,
             p["adapted"].get("new_tokens_used_share", "–"),
+            _cell(p["adapted"].get("argmax_new_share")),
             p["adapted"].get("downstream", {}).get(f"chrf_en-{config['lang'] or 'xx'}", "–"),
         ]
         for p in points
     ]
     header = ["k", "init", "LAPT lines", "vocab", "tokens/line", "speedup", "bits/byte", "uniform", "vs source (rel.)"]
-    header += ["new tokens used", "chrF en-xx"]
+    header += ["new tokens used", "argmax new", "chrF en-xx"]
+    generated = [p["adapted"].get("downstream", {}) for p in points]
+    canonical_columns = any("greedy_canonical_rate" in g for g in generated)  # eval.prompts were generated from
+    if canonical_columns:
+        for row, g in zip(rows, generated):
+            row += [_cell(g.get(f"greedy_{key}")) for key in CANONICAL_COLUMNS]
+        header += list(CANONICAL_COLUMNS.values())
     best = rec["point"]
     setting = f"k={best['new_tokens']}, init={best['init']}" + (
         f", |D|={best['train_sample']}" if best["train_sample"] is not None else ""
@@ -151,10 +177,14 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
             else "no training"
         )
         + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
-        f"knows only the tokenizer. {sweep.get('machine', '')}, {sweep.get('date', '')}.\n",
+        "knows only the tokenizer; new tokens used = share of the new tokens the held-out text uses at all; argmax "
+        "new = where the held-out text has a new token, the share of those positions where the model's argmax is "
+        f"that token (teacher-forced). {sweep.get('machine', '')}, {sweep.get('date', '')}.\n",
         markdown_table(header, rows),
         "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
     ]
+    if canonical_columns:
+        text.insert(-1, CANONICAL_LEGEND)
     if sized:
         text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
