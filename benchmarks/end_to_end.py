@@ -63,7 +63,7 @@ GRID_KEYS = (
 GENERATION_KEYS = (
     "generated_tokens", "generated_chars", "seconds", "tokens_per_second", "chars_per_second", "chars_per_token",
     "new_token_share", "new_emitted_share", "new_canonical_share", "canonical_rate", "canonical_matched",
-    "noncanonical_new",
+    "canonical_matched_share", "noncanonical_new", "prompt_new_share",
 )  # fmt: skip
 
 
@@ -185,11 +185,13 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
     """Every column of one row, for the model saved in ``model_dir``."""
     model, tokenizer = load_model(model_dir)
     start = time.perf_counter()
-    out = {"bpb": bits_per_byte(model, tokenizer, data.heldout, show_progress=False)}
+    new = set(new_ids) if new_ids else None
+    # with the new ids: the teacher-forced argmax rate of the new tokens, from the same logits
+    out = {"bpb": bits_per_byte(model, tokenizer, data.heldout, show_progress=False, new_token_ids=new)}
     for mode in ("greedy", "sampled"):
         result = generation_speed(
             model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
-            new_token_ids=set(new_ids) if new_ids else None, seed=args.seed,
+            new_token_ids=new, seed=args.seed,
         )  # fmt: skip
         out[mode] = {key: result.get(key) for key in GENERATION_KEYS}
     mt = translate_and_score(
@@ -491,7 +493,8 @@ def table_row(r: dict) -> list:
     return [
         r["name"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
         g.get("new_emitted_share", g.get("new_token_share")), g.get("new_canonical_share"), g.get("canonical_rate"),
-        s.get("canonical_rate"), r.get("tokenizer_new_share"), g["chars_per_second_vs_source"],
+        s.get("canonical_rate"), r["bpb"].get("argmax_new_share"), r.get("tokenizer_new_share"),
+        g["chars_per_second_vs_source"],
         s["chars_per_second_vs_source"], g["chars_per_token"], r["mt"]["chrf"], lapt_facts.get("tokens_trained"),
         lapt_facts.get("train_seconds"), r["seconds"], r["process"],
     ]  # fmt: skip
@@ -538,16 +541,18 @@ def write_markdown(report: dict, path: Path) -> None:
         f"them; {a['shots']}-shot MT en->xx chrF on {a['mt_pairs']} pairs.\n",
         "Columns: 'emitted new' / 'canonical new': share of the generated tokens that are new ids, as the model "
         "emitted them / in the canonical re-encoding of the same text by the model's tokenizer; 'canon. rate': new "
-        "ids emitted / new ids in the canonical encoding (summed over prompts); 'text new': share of new ids in "
-        "the held-out text; 'x chars/s': characters per second relative to the source in the same process; 'c/tok':"
-        " characters per generated token; 'LAPT tokens' / 'LAPT s': tokens trained and seconds of training steps; "
+        "ids emitted / new ids in the canonical encoding (summed over prompts); 'argmax new': teacher-forced, the "
+        "share of the held-out text's new-token positions where the model's argmax is that token; 'text new': "
+        "share of new ids in the held-out text; 'x chars/s': characters per second relative to the source in the "
+        "same process; 'c/tok': characters per generated token; 'LAPT tokens' / 'LAPT s': tokens trained and "
+        "seconds of training steps; "
         "'row s': wall seconds of the row (build, train, measure); 'proc': the process that ran it.\n",
     ]
     for lang, entry in report["langs"].items():
         rows = [table_row(r) for r in entry["rows"]]
         header = ["model", "bits/byte", "uniform", "greedy emitted new", "greedy canonical new", "greedy canon. rate",
-                  "sampled canon. rate", "text new", "x chars/s greedy", "x chars/s sampled", "c/tok greedy",
-                  "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "proc"]  # fmt: skip
+                  "sampled canon. rate", "argmax new", "text new", "x chars/s greedy", "x chars/s sampled",
+                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "proc"]  # fmt: skip
         parts.append(f"\n## {lang}\n\n" + (markdown_table(header, rows) if rows else "(no row finished yet)") + "\n")
         for err in entry.get("errors", []):
             parts.append(f"- process {err['process']}, {err['row']}: failed with `{err['error']}`\n")
