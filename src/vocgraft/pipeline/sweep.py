@@ -95,9 +95,11 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
 
 
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
-    """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
+    """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``,
+    and ``report.html``: all of it in one page, with the token view."""
     from vocgraft.outdir import write_json
     from vocgraft.report import markdown_table, size_quality_png, speedup_quality_png
+    from vocgraft.report_html import write_sweep_html
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,9 +141,8 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         f"{best['speedup']:.2f}x); train longer (a train section) or accept a larger tolerance."
     )
     src = points[0]["source"]
-    text = [
-        f"# vocgraft sweep: {config['model']} on {config['corpus']}\n",
-        verdict + "\n",
+    title = f"vocgraft sweep: {config['model']} on {config['corpus']}"
+    intro = (
         f"Source: {src['tokens_per_line']:.1f} tokens/line, {source_bpb:.3f} bits/byte on the first "
         f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
         f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
@@ -151,7 +152,12 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
             else "no training"
         )
         + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
-        f"knows only the tokenizer. {sweep.get('machine', '')}, {sweep.get('date', '')}.\n",
+        f"knows only the tokenizer. {sweep.get('machine', '')}, {sweep.get('date', '')}."
+    )
+    text = [
+        f"# {title}\n",
+        verdict + "\n",
+        intro + "\n",
         markdown_table(header, rows),
         "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
     ]
@@ -159,4 +165,5 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
     write_json(out / "report.json", sweep)
+    write_sweep_html(out, sweep, title=title, verdict=verdict, intro=intro, header=header, rows=rows)
     return out / "report.md"
