@@ -11,12 +11,11 @@ import json
 
 import pytest
 import regex
+from conftest import corpus_path
 
 from vocgraft.corpus import read_lines
 from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.marks import BYTELEVEL_PATTERN
-
-from conftest import corpus_path
 
 GPT2 = regex.compile(BYTELEVEL_PATTERN)
 DIGIT = regex.compile(r"\p{N}")
@@ -133,3 +132,19 @@ def test_other_pre_types_are_left_as_transformers_converted_them(bytelevel_sourc
     match_llama_cpp(bytelevel_source_tokenizer, None)
     assert bytelevel_source_tokenizer.backend_tokenizer.to_str() == before
     assert json.loads(before)["pre_tokenizer"]["type"] == "ByteLevel"
+
+
+def test_a_conversion_cached_before_the_digit_split_is_not_reused(tmp_path, monkeypatch):
+    """The cache key carries the conversion's version: a directory converted without the fix (keyed by the file's
+    hash alone) is ignored, and the file is converted again."""
+    from vocgraft import models
+
+    monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path))
+    stale = tmp_path / "gguf" / models.file_sha256(models.alias_path("smollm2"))
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}", encoding="utf-8")
+    # stop where a conversion would start: reaching it proves the stale directory was passed over
+    monkeypatch.setattr(models, "gguf_conversion_problem", lambda: "converting again")
+    with pytest.raises(models.ModelLoadError, match="converting again"):
+        models.resolve("smollm2")
+    assert models.converted_dir(stale.name) != stale

@@ -187,8 +187,8 @@ def render(
         f"<h1>{_e(title)}</h1>"
         f'<p class="{verdict_class}" id="recommendation">{_e(verdict)}</p>'
         f'<p class="small">{_e(intro)}</p>'
-        f'<h2>Results</h2>{_table(header, rows, best)}'
-        f'<h2>Plots</h2>{figures}'
+        f"<h2>Results</h2>{_table(header, rows, best)}"
+        f"<h2>Plots</h2>{figures}"
         f'<h2 id="token-view">Token view</h2>{_view(view, source_name, adapted_name)}'
         "</body></html>\n"
     )
