@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import html
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,16 +194,14 @@ def render(
 
 
 def write_html(path: str | Path, page: str) -> Path:
-    """Write ``page`` atomically: a reader never opens a half-written report."""
+    """Write ``page`` atomically (as :func:`vocgraft.outdir.write_json` does): a reader never opens half a report."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
+        tmp.write_text(page, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -233,7 +230,7 @@ def write_sweep_html(out: Path, sweep: dict, *, title: str, verdict: str, intro:
         intro=intro,
         header=header,
         rows=rows,
-        best=next((i for i, p in enumerate(points) if p is best), None),
+        best=next((i for i, p in enumerate(points) if p == best), None),  # equal after a JSON round trip too
         images=images,
         view=token_view(source, adapted, lines),
         source_name=f"{config['model']}, {len(source):,} tokens",
