@@ -2,13 +2,15 @@
 conversion leaves it out.
 
 transformers (5.24) knows the split regexes of llama3, qwen2, tekken, gpt-4o and a few more; for any other type it
-gives plain GPT-2 byte-level splitting. llama.cpp's ``smollm`` type (src/llama-vocab.cpp, the same list as
-starcoder, refact, command-r, codeshell, exaone) first isolates every ``\\p{N}`` character, then applies the GPT-2
-regex to the text between them; HF's SmolLM2 tokenizer.json says the same as ``Sequence[Digits(individual_digits),
-ByteLevel(use_regex)]``. SmolLM2's vocabulary has no multi-digit tokens either way; what the digit split changes is
-the whitespace run before a digit, which GPT-2's ``\\s+(?!\\S)`` cuts one character short: without it "\\n\\n1." is
-``Ċ Ċ 1 .`` where SmolLM2 and llama.cpp give ``ĊĊ 1 .`` (2 of 200 English held-out paragraphs of 5 lines differ),
-and a tokenizer trained with the source's pre-tokenizer (replace) learns multi-digit tokens SmolLM2 never had.
+gives plain GPT-2 byte-level splitting. llama.cpp's ``smollm`` type (the label its convert_hf_to_gguf.py gives
+SmolLM's tokenizer, and what the packaged SmolLM2 GGUF carries; src/llama-vocab.cpp runs the same regex list for
+starcoder, refact, command-r, codeshell and exaone) first isolates every ``\\p{N}`` character, then applies the
+GPT-2 regex to each stretch between them: in tokenizers' terms ``Sequence[Digits(individual_digits),
+ByteLevel(use_regex)]``, the SmolLM/StarCoder tokenizer.json pre-tokenizer. SmolLM2's vocabulary has no token with
+two digits either way; what the digit split changes is the whitespace run before a digit, which GPT-2's
+``\\s+(?!\\S)`` cuts one character short: without it "\\n\\n1." is ``Ċ Ċ 1 .`` where llama.cpp gives ``ĊĊ 1 .``
+(2 of 200 English held-out paragraphs of 5 lines differ), and a tokenizer trained with the source's
+pre-tokenizer (replace) learns multi-digit tokens SmolLM2 never had.
 """
 
 from __future__ import annotations
