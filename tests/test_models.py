@@ -73,8 +73,9 @@ def test_gguf_is_converted_once_then_reloaded_from_the_cache(tmp_path, monkeypat
     model, tokenizer = vm.load_model(gguf)
     first = time.perf_counter() - start
     cached = list((tmp_path / "cache" / "gguf").iterdir())
-    assert [p.name for p in cached] == [vm.file_sha256(gguf)]
-    assert json.loads((cached[0] / "vocgraft-source.json").read_text())["gguf"] == str(gguf)
+    assert cached == [vm.converted_dir(vm.file_sha256(gguf))]
+    source = json.loads((cached[0] / "vocgraft-source.json").read_text())
+    assert (source["gguf"], source["sha256"]) == (str(gguf), vm.file_sha256(gguf))
     start = time.perf_counter()
     again, _ = vm.load_model("smollm2")  # the alias names the same file, so the same cache entry
     second = time.perf_counter() - start

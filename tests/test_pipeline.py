@@ -92,6 +92,11 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     assert (tmp_path / "sweep" / "speedup_vs_bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert saved["recommendation"]["point"]["init"] in ("mean", "random")
+    # report.html: the same report in one page, with the recommended setting's tokens on held-out lines
+    page = (tmp_path / "sweep" / "report.html").read_text()
+    assert 'id="recommendation"' in page and '<table class="results">' in page
+    assert page.count('src="data:image/png;base64,') == 1 and 'id="token-view"' in page
+    assert page.count('<div class="tokens adapted">') == 5 and 'class="tok new"' in page
 
 
 def test_recommendation_picks_the_fastest_setting_within_tolerance():

@@ -224,7 +224,7 @@ def test_gguf_conversion_under_an_older_transformers_is_a_clear_error(tmp_path, 
     monkeypatch.setattr(compat, "transformers_version", lambda: OLDEST_RUN_VERSION)
     with pytest.raises(models.ModelLoadError, match=r"needs transformers >= 5\.18.*Hugging Face model directory"):
         models.resolve("smollm2")
-    converted = tmp_path / "gguf" / models.file_sha256(models.alias_path("smollm2"))
+    converted = models.converted_dir(models.file_sha256(models.alias_path("smollm2")))
     converted.mkdir(parents=True)
     (converted / "config.json").write_text("{}", encoding="utf-8")
     assert models.resolve("smollm2") == str(converted)

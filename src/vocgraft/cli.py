@@ -408,7 +408,7 @@ def print_sweep(sweep: dict, report: Path) -> None:
     built = sum(not s["reused"] for p in sweep["points"] for s in p["stages"])
     text = report.read_text(encoding="utf-8")
     print(text[: text.index("\n![")])  # the report without its image links
-    print(f"{built} stages built, {reused} reused; report, plot and JSON in {report.parent}")
+    print(f"{built} stages built, {reused} reused; report.md, report.html, plot and JSON in {report.parent}")
 
 
 def cmd_run(args) -> None:

