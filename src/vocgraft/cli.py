@@ -421,8 +421,8 @@ def cmd_run(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from vocgraft.pipeline.config import load_config
     from vocgraft.parsing import parse_ints
+    from vocgraft.pipeline.config import load_config
     from vocgraft.pipeline.sweep import run_sweep, write_report
 
     config = load_config(args.config)
@@ -437,8 +437,8 @@ def cmd_sweep(args) -> None:
 
 def cmd_demo(args) -> None:
     """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
-    from vocgraft.pipeline.config import validate
     from vocgraft.parsing import parse_ints
+    from vocgraft.pipeline.config import validate
     from vocgraft.pipeline.sweep import run_sweep, write_report
 
     corpora = SHARED_CORPORA / args.lang
