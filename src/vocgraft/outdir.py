@@ -171,7 +171,7 @@ def remove_stale_temp_dirs(parent: str | Path, *, announce: bool = True) -> list
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.is_file() and not entry.is_symlink():
             entry.unlink(missing_ok=True)
-        if not entry.exists():
+        if not os.path.lexists(entry):
             removed.append(entry)
             if announce:
                 print(f"vocgraft: removed {entry}, left behind by an interrupted run (process {match.group(1)})",
