@@ -113,6 +113,11 @@ def test_a_json_symlink_is_written_through_and_someone_elses_file_is_refused(wor
     code, err = run(EVAL, capsys, w=world, text=world / "heldout-el.txt", json=notes)
     assert code == 2 and str(notes) in one_error(err) and notes.read_text() == "not a result\n"
 
+    empty = tmp_path / "made-by-mktemp"
+    empty.touch()
+    assert run(EVAL, capsys, w=world, text=world / "heldout-el.txt", json=empty)[0] == 0  # nothing to lose
+    assert json.loads(empty.read_text())["limit"] == 5
+
 
 def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     """A failure (or Ctrl-C) while a file is written leaves the old file as it was and no temporary file; the new

@@ -8,6 +8,7 @@ deleting the model or the held-out text.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -88,13 +89,11 @@ def check_json_output(path: str | Path, flag: str = "--json") -> None:
     """A ``--json`` result file: a link is written through to its target, which must be a regular file (or new);
     an existing file is replaced only if it is JSON (an earlier result), never someone's text."""
     target = write_through(path)
-    if not target.exists():
+    if not target.exists() or (target.is_file() and target.stat().st_size == 0):  # new, or empty (`touch`, mktemp)
         return
     if not target.is_file():
         where = f" (the target of the link {path})" if target != Path(path) else ""
         raise OutputExistsError(f"{flag} {target}{where} is not a regular file; give the path of a file to write.")
-    import json
-
     try:  # an earlier result is a few MB at most; a larger file is someone else's
         data = json.loads(target.read_bytes()) if target.stat().st_size <= MAX_JSON_RESULT else None
     except (OSError, ValueError):
