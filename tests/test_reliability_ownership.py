@@ -143,6 +143,24 @@ def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
+def test_a_pipeline_stage_interrupted_while_recorded_is_not_taken_as_complete(tmp_path, monkeypatch):
+    """The record that marks a stage complete (and reusable) was written in place: a signal in the middle left a
+    half record that the next run reused. Now it is there whole, or not at all (and the stage is built again)."""
+    from vocgraft.pipeline.run import STAGE_FILE, run_stage
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(tmp_path, "eval", {"limit": 5}, lambda path: {"bits_per_byte": 1.0})
+    (stage,) = [p for p in (tmp_path / "stages").iterdir() if p.is_dir()]  # the lock file sits beside it
+    assert sorted(p.name for p in stage.iterdir()) == []  # no record, no temporary file: built again next time
+    monkeypatch.undo()
+    assert not run_stage(tmp_path, "eval", {"limit": 5}, lambda path: {"bits_per_byte": 1.0}).reused
+    assert (stage / STAGE_FILE).is_file()
+
+
 def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path):
     from vocgraft.outdir import remove_stale_temp_dirs
 
