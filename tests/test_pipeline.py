@@ -7,9 +7,10 @@ import yaml
 from tiny import lines, tiny_source_dir
 
 from vocgraft.cli import main
+from vocgraft.parsing import ArgumentError, parse_ints
 from vocgraft.pipeline.config import ConfigError, validate
 from vocgraft.pipeline.run import run_pipeline
-from vocgraft.pipeline.sweep import parse_ints, recommend, run_sweep, write_report
+from vocgraft.pipeline.sweep import recommend, run_sweep, write_report
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_parse_ints():
     assert parse_ints("50,100, 500", "k") == [50, 100, 500]
     assert parse_ints("2^10..2^12", "sizes") == [1024, 2048, 4096]
     assert parse_ints("2^3,9", "k") == [8, 9]
-    with pytest.raises(ConfigError, match="expected integers"):
+    with pytest.raises(ArgumentError, match="expected integers"):
         parse_ints("a,b", "k")
 
 

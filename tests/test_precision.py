@@ -212,7 +212,7 @@ def test_the_pipeline_evaluation_loads_the_model_once(tmp_path, monkeypatch):
     text = tmp_path / "el.txt"
     text.write_text("\n".join(lines("el", 5)) + "\n", encoding="utf-8")
     config = validate(
-        {"corpus": str(text), "heldout": str(text), "out": str(tmp_path), "lang": "el", "dtype": "bfloat16",
+        {"corpus": str(text), "heldout": str(text), "out": str(tmp_path / "run"), "lang": "el", "dtype": "bfloat16",
          "eval": {"limit": 3, "prompts": 1, "max_new_tokens": 2}}
     )  # fmt: skip
     facts = run._evaluate(str(tmp_path), None, config, tmp_path / "eval")

@@ -1,6 +1,6 @@
 """Interrupting expand and train (issue 18): Ctrl-C (SIGINT) exits 130 with one line and leaves nothing behind;
-SIGKILL cannot clean up, so the next run into the same folder finds the killed run's temporary directory (its owner
-is gone) and removes it, saying so.
+SIGTERM and SIGHUP (issue 24) do the same and exit 128 + their number; SIGKILL cannot clean up, so the next run
+into the same folder finds the killed run's temporary directory (its owner is gone) and removes it, saying so.
 
 The runs are real `vocgraft` processes on a tiny model; the final save is slowed down (a sleep where the tokenizer is
 written, after the weights) so the signal lands while the temporary output directory exists.
@@ -22,10 +22,13 @@ from tiny import lines, tiny_source_dir
 from vocgraft.cli import main
 
 # the child takes Ctrl-C as a terminal delivers it: a runner that starts the suite in the background (a shell
-# without job control) passes SIGINT on as ignored, and Python then never raises KeyboardInterrupt
+# without job control) passes SIGINT on as ignored, and Python then never raises KeyboardInterrupt; under nohup
+# SIGHUP comes ignored too (and vocgraft rightly keeps it so)
 SLOW_SAVE = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 import vocgraft.surgery as surgery
 real = surgery.save_portable
 def slow(*args, **kwargs):
@@ -94,6 +97,38 @@ def test_ctrl_c_during_the_final_save_exits_130_and_leaves_nothing(world, tmp_pa
     messages = [line for line in err.splitlines() if line.startswith("vocgraft ")]
     assert messages == [f"vocgraft {command}: interrupted; partial outputs were removed."], err
     assert not out.exists() and not temp_dirs(tmp_path, out)
+
+
+@pytest.mark.parametrize(
+    ("command", "sig"), [("expand", signal.SIGTERM), ("train", signal.SIGHUP)], ids=["expand-SIGTERM", "train-SIGHUP"]
+)
+def test_sigterm_and_sighup_during_the_final_save_clean_up_like_ctrl_c(world, tmp_path, command, sig):
+    """`kill`, a scheduler's time limit or a closed terminal: before issue 24 the process died on the spot and
+    left its hidden temporary directory behind. (Both commands clean up through the same save, as the Ctrl-C test
+    shows, so each signal is sent to one of them: ~17 s a run.)"""
+    out = tmp_path / "out"
+    args = (expand_args if command == "expand" else train_args)(world, out)
+    code, err = interrupt_during_save(args, tmp_path, out, sig)
+    assert code == 128 + sig, err
+    assert "Traceback" not in err, err
+    messages = [line for line in err.splitlines() if line.startswith("vocgraft ")]
+    assert messages == [f"vocgraft {command}: stopped by {sig.name}; partial outputs were removed."], err
+    assert not out.exists() and not temp_dirs(tmp_path, out)
+
+
+def test_signals_that_come_ignored_stay_ignored_and_handlers_come_back():
+    """Under nohup SIGHUP is ignored: a closed terminal must not stop the run. After the command, the handlers
+    before it are back (main is called in-process by tests and scripts)."""
+    from vocgraft.failures import stop_signals_interrupt
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with stop_signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM)) and signal.getsignal(signal.SIGTERM) is not before[1]
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is before[1]
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
 
 
 @pytest.mark.parametrize("command", ["expand", "train"])

@@ -421,6 +421,10 @@ def test_save_refuses_to_overwrite_before_doing_any_work(tmp_path, monkeypatch):
     assert calls == [] and (out / "keep.txt").read_text() == "mine"
 
     monkeypatch.undo()
+    with pytest.raises(OutputExistsError, match="keep.txt"):  # not vocgraft's: --overwrite does not replace it
+        save_model_dir(model, tok, out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / MANIFEST).write_text('{"stage": "model"}')  # an earlier vocgraft output is replaced whole
     save_model_dir(model, tok, out, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp or backup dirs left

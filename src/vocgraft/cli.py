@@ -421,8 +421,9 @@ def cmd_run(args) -> None:
 
 
 def cmd_sweep(args) -> None:
+    from vocgraft.parsing import parse_ints
     from vocgraft.pipeline.config import load_config
-    from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
+    from vocgraft.pipeline.sweep import run_sweep, write_report
 
     config = load_config(args.config)
     if args.tolerance is not None:
@@ -436,8 +437,9 @@ def cmd_sweep(args) -> None:
 
 def cmd_demo(args) -> None:
     """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
+    from vocgraft.parsing import parse_ints
     from vocgraft.pipeline.config import validate
-    from vocgraft.pipeline.sweep import parse_ints, run_sweep, write_report
+    from vocgraft.pipeline.sweep import run_sweep, write_report
 
     corpora = SHARED_CORPORA / args.lang
     raw = {
@@ -766,22 +768,35 @@ def quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The error boundary: an expected failure (bad input, a missing or corrupt file, too little memory) is one line
-    ``vocgraft CMD: error: ...`` and exit 2; Ctrl-C is one line and exit 130 (outputs are cleaned up by the
-    ``finally`` blocks that build them); anything else is a bug: its traceback and a request to report it, exit 1."""
+    ``vocgraft CMD: error: ...`` and exit 2; Ctrl-C, SIGTERM and SIGHUP are one line and exit 128 + the signal
+    (outputs are cleaned up by the ``finally`` blocks that build them); anything else is a bug: its traceback and a
+    request to report it, exit 1."""
     import traceback
 
-    from vocgraft.failures import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USER_ERROR, REPORT_HINT, expected_message
+    from vocgraft.failures import (
+        EXIT_BUG,
+        EXIT_USER_ERROR,
+        REPORT_HINT,
+        exit_code,
+        expected_message,
+        signal_name,
+        stop_signals_interrupt,
+    )
+    from vocgraft.ownership import check_command_outputs
     from vocgraft.preflight import check_args, command_name
 
     args = build_parser().parse_args(argv)
     name = command_name(args)
     try:
-        quiet_libraries()
-        check_args(args)  # every rule that needs no model, before any work
-        args.func(args)
-    except KeyboardInterrupt:
-        print(f"vocgraft {name}: interrupted; partial outputs were removed.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with stop_signals_interrupt():
+            quiet_libraries()
+            check_args(args)  # every rule that needs no model, before any work
+            check_command_outputs(args)  # no output is, or holds, an input; --overwrite replaces only vocgraft's
+            args.func(args)
+    except KeyboardInterrupt as interrupt:
+        what = "interrupted" if signal_name(interrupt) == "SIGINT" else f"stopped by {signal_name(interrupt)}"
+        print(f"vocgraft {name}: {what}; partial outputs were removed.", file=sys.stderr)
+        return exit_code(interrupt)
     except Exception as exc:  # noqa: BLE001  (the boundary: sorted into the user's errors and bugs below)
         message = expected_message(exc)
         if message is None:

@@ -6,6 +6,11 @@ written, so a failed run never leaves a half-written directory behind.
 The temporary directory's name records the process that owns it (``.<out>.vocgraft-tmp-<pid>-<random>``): a run
 killed with SIGKILL (or a machine that lost power) cannot clean up after itself, so the next run into the same parent
 removes the ones whose process is gone and says so.
+
+Ownership: ``--overwrite`` replaces only a directory vocgraft made (its ``vocgraft.json`` manifest, or a pipeline
+stage's ``vocgraft-stage.json``, says so) or an empty one; anything else is refused with the name of a file that would
+be lost. Single files (``--json``, reports, stage records) are written through a temporary file in the same folder
+and a rename (:func:`atomic_write`), so a crash or a signal never leaves half a file.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MANIFEST = "vocgraft.json"
+STAGE_RECORD = "vocgraft-stage.json"  # a pipeline stage's folder (vocgraft.pipeline.run), marked complete
 
 
 class OutputExistsError(FileExistsError):
@@ -56,13 +62,79 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
 
 
 def check_writable(out_dir: str | Path, overwrite: bool, flag: str = "--out") -> Path:
-    """Fail early (before any work) when ``out_dir`` exists and ``overwrite`` is off, or cannot be created."""
+    """Fail early (before any work) when ``out_dir`` exists and ``overwrite`` is off, when it exists and is not
+    vocgraft's to replace (:func:`check_replaceable`), or when it cannot be created."""
     out = Path(out_dir)
+    check_not_working_dir(out, flag)
     if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it or choose another {flag}.")
+        lost = file_at_stake(out) if out.is_dir() else out
+        if lost is None:
+            raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it or choose another {flag}.")
+        raise OutputExistsError(
+            f"{out} already exists; choose another {flag} (--overwrite replaces only what vocgraft made, and "
+            f"replacing {out} would delete {lost})."
+        )
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"{out} exists and is not a directory; choose another {flag}.")
+    if out.exists():
+        check_replaceable(out, flag)
     return check_output_path(out, flag)
+
+
+def check_not_working_dir(out: Path, flag: str) -> None:
+    """An output directory is never the folder the command runs in, nor one that holds it (``--out .``, ``..``):
+    replacing it would pull the ground from under the user's shell and every file next to their data."""
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        raise OutputExistsError(
+            f"{flag} {out} is the folder you run in (or holds it); give a new folder, e.g. {flag} {out / 'out'}."
+        )
+
+
+def is_vocgraft_output(path: str | Path) -> bool:
+    """Whether the directory ``path`` was made by vocgraft: its manifest (a JSON object naming the stage that wrote
+    it) or a pipeline stage record is there."""
+    path = Path(path)
+    if (path / STAGE_RECORD).is_file():
+        return True
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, unreadable, or not JSON: not ours
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("stage"), str)
+
+
+def _first_file(path: Path) -> Path | None:
+    """A file under ``path`` (the first in sorted order, depth first), to name what replacing it would lose."""
+    try:
+        entries = sorted(path.iterdir())
+    except OSError:
+        return path
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            found = _first_file(entry)
+            if found is not None:
+                return found
+        else:
+            return entry
+    return None
+
+
+def file_at_stake(out: str | Path) -> Path | None:
+    """A file that replacing the directory ``out`` would lose, or None when it is vocgraft's (or empty)."""
+    out = Path(out)
+    return None if is_vocgraft_output(out) else _first_file(out)
+
+
+def check_replaceable(out: str | Path, flag: str = "--out") -> None:
+    """``--overwrite`` replaces only what vocgraft made: an existing ``out`` must be a vocgraft output, or empty."""
+    lost = file_at_stake(out)
+    if lost is not None:
+        raise OutputExistsError(
+            f"{flag} {out} was not made by vocgraft (it has no {MANIFEST}) and replacing it would delete {lost}; "
+            f"--overwrite replaces only vocgraft's outputs: choose another {flag}, or move that folder away yourself."
+        )
 
 
 TMP_TAG = "vocgraft-tmp"
@@ -82,8 +154,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temp_dirs(parent: str | Path, *, announce: bool = True) -> list[Path]:
-    """Remove the temporary build directories in ``parent`` whose owning process no longer runs (left behind by a
-    killed run); returns them. A directory of a live process (a run in parallel) is left alone."""
+    """Remove the temporary build directories (and temporary files of :func:`atomic_write`) in ``parent`` whose
+    owning process no longer runs (left behind by a killed run); returns them. A directory of a live process (a run
+    in parallel) is left alone."""
     parent = Path(parent)
     removed = []
     try:
@@ -92,10 +165,13 @@ def remove_stale_temp_dirs(parent: str | Path, *, announce: bool = True) -> list
         return removed
     for entry in entries:
         match = _TMP_NAME.match(entry.name)
-        if not match or not entry.is_dir() or _pid_alive(int(match.group(1))):
+        if not match or _pid_alive(int(match.group(1))):
             continue
-        shutil.rmtree(entry, ignore_errors=True)
-        if not entry.exists():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+        if not os.path.lexists(entry):
             removed.append(entry)
             if announce:
                 print(f"vocgraft: removed {entry}, left behind by an interrupted run (process {match.group(1)})",
@@ -108,10 +184,14 @@ def make_temp_dir(out: Path) -> Path:
     (``mkdtemp`` makes it 0700, and the rename would carry that over to the finished output)."""
     remove_stale_temp_dirs(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TMP_TAG}-{os.getpid()}-", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())
+    return tmp
+
+
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
-    return tmp
+    return umask
 
 
 @contextlib.contextmanager
@@ -123,10 +203,14 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[
     try:
         yield tmp
         if out.exists():
+            check_replaceable(out)  # again: it may have changed during the run
             backup = out.with_name(f".{out.name}.{TMP_TAG}-{os.getpid()}-old")
             out.rename(backup)
             tmp.rename(out)
-            shutil.rmtree(backup, ignore_errors=True)
+            if backup.is_symlink():  # --out was a link to a folder: the link goes, the folder it named stays
+                backup.unlink()
+            else:
+                shutil.rmtree(backup, ignore_errors=True)
         else:
             tmp.rename(out)
     except BaseException:
@@ -159,18 +243,42 @@ def write_manifest(directory: str | Path, stage: str, **fields) -> Path:
         **fields,
         "versions": library_versions(),
     }
-    path = Path(directory) / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    return atomic_write(
+        Path(directory) / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n"
+    )
+
+
+def write_through(path: str | Path) -> Path:
+    """The file a write to ``path`` must replace: a symlink's target (the link stays a link), else ``path``."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file in the same folder and a rename, so
+    readers see the old file or the new one, never half of it; a symlink is written through to its target.
+    Returns the path written."""
+    path = write_through(path)
+    if path.exists() and not path.is_file():
+        raise OutputExistsError(f"{path} exists and is not a regular file; give the path of a file to write.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{TMP_TAG}-{os.getpid()}-", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())  # the rename must never land before the data (power loss)
+        # mkstemp makes the file 0600: keep the replaced file's mode, else what a plain open() would give
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+        tmp.chmod(mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON atomically so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write JSON atomically so a crash never leaves half a file (a symlink is written through)."""
+    atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from vocgraft.outdir import json_text
+from vocgraft.outdir import atomic_write, json_text
 from vocgraft.tokenization.canonical import canonical_tokens, fuzzy_parts, is_symbolic, tokenizer_family
 from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.spec import tokenizer_spec
@@ -155,12 +155,7 @@ class VocabPlan:
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the plan atomically."""
-        data = self.to_dict()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json_text(data), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, json_text(self.to_dict()))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> VocabPlan:

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-class ArgumentError(ValueError):
-    """An argument that cannot work; the message names the flag and the fix."""
+from vocgraft.parsing import ArgumentError, parse_ints  # below preflight and the pipeline: no import circle
 
 
 def _flag(dest: str) -> str:
@@ -216,8 +214,6 @@ def _check_plm(args: Any) -> None:
 
 
 def _check_sweep(args: Any) -> None:
-    from vocgraft.pipeline.sweep import parse_ints
-
     for name in ("k", "sizes"):
         if getattr(args, name):
             parse_ints(getattr(args, name), name)
@@ -225,7 +221,6 @@ def _check_sweep(args: Any) -> None:
 
 def _check_demo(args: Any) -> None:
     from vocgraft.corpus import SHARED_CORPORA
-    from vocgraft.pipeline.sweep import parse_ints
 
     folder = SHARED_CORPORA / args.lang
     if not (folder / "train.txt").is_file() or not (folder / "heldout.txt").is_file():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,15 +193,10 @@ def render(
 
 
 def write_html(path: str | Path, page: str) -> Path:
-    """Write ``page`` atomically (as :func:`vocgraft.outdir.write_json` does): a reader never opens half a report."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write ``page`` atomically: a reader never opens half a report."""
+    from vocgraft.outdir import atomic_write
+
+    return atomic_write(path, page)
 
 
 def write_sweep_html(out: Path, sweep: dict, *, title: str, verdict: str, intro: str, header, rows) -> Path:

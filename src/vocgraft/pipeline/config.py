@@ -174,8 +174,9 @@ def check_methods(adapt: dict, inits: list[str], source: str = "config") -> None
             )
 
 
-def validate(raw: dict, source: str = "config") -> dict:
-    """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys."""
+def validate(raw: dict, source: str = "config", config_file: str | Path | None = None) -> dict:
+    """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys, or an
+    ``out`` that is or holds an input, or is someone else's folder."""
     config = _check(copy.deepcopy(raw), schema(), "", source)
     adapt = config["adapt"]
     if adapt["mode"] not in MODES:
@@ -201,15 +202,28 @@ def validate(raw: dict, source: str = "config") -> dict:
             raise ConfigError(f"{source}: {key} {value!r} does not exist (paths are relative to where you run).")
     from vocgraft.corpus import CorpusError
     from vocgraft.outdir import OutputExistsError, check_output_path
+    from vocgraft.ownership import check_run_folder
     from vocgraft.preflight import check_text_file
 
     try:
         for key in ("corpus", "heldout"):
             check_text_file(config[key], key)
         check_output_path(config["out"], "out")
+        check_run_folder(config["out"], "out", run_inputs(config, config_file))
     except (CorpusError, OutputExistsError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return config
+
+
+def run_inputs(config: dict, config_file: str | Path | None = None) -> list:
+    """(key, path) of every input of a validated config that exists on disk (the config file itself too)."""
+    from vocgraft.ownership import existing
+    from vocgraft.recipes.common import USER_INPUTS
+
+    named = [(key, config[key]) for key in ("model", "corpus", "heldout")]
+    named += [(f"adapt.{key}", config["adapt"][key]) for key in ("protect", *USER_INPUTS)]
+    named += [(f"eval.{key}", config["eval"][key]) for key in ("mt", "nli", "sum", "span")]
+    return existing([*named, ("the config", config_file)])
 
 
 def placement(config: dict, section: str) -> tuple[str, str]:
@@ -291,4 +305,4 @@ def load_config(path: str | Path) -> dict:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
-    return validate(raw or {}, str(path))
+    return validate(raw or {}, str(path), config_file=path)

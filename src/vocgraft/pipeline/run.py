@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vocgraft.eval.tasks import METRICS, TASKS
+from vocgraft.outdir import MANIFEST, STAGE_RECORD, atomic_write, write_manifest
 
-STAGE_FILE = "vocgraft-stage.json"
+STAGE_FILE = STAGE_RECORD
 
 
 @dataclass
@@ -78,8 +79,30 @@ def run_stage(root: Path, name: str, params: dict, build: Callable[[Path], dict 
         seconds = time.perf_counter() - start
         path.mkdir(parents=True, exist_ok=True)
         record = {"stage": name, "key": key, "params": params, "seconds": seconds, "facts": facts}
-        (path / STAGE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+        atomic_write(path / STAGE_FILE, json.dumps(record, indent=2, default=str) + "\n")  # whole, or absent
     return Stage(name, key, path, False, seconds)
+
+
+@contextlib.contextmanager
+def run_folder(out: str | Path, config: dict) -> Iterator[Path]:
+    """The run's folder, marked as vocgraft's (``vocgraft.json``, so ``--overwrite`` may later replace it). A run
+    that fails before any stage completes (a device the machine lacks, a bad input) removes the folders it made,
+    so it leaves no empty run folder behind; completed stages stay for the next run to reuse."""
+    root = Path(out)
+    made = None  # the outermost folder this run creates
+    for folder in (root, *root.parents):
+        if folder.exists():
+            break
+        made = folder
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        if not (root / MANIFEST).is_file():
+            write_manifest(root, "run", config=config)
+        yield root
+    except BaseException:
+        if made is not None and not any(root.glob(f"stages/*/{STAGE_FILE}")):
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def stage_facts(stage: Stage) -> dict:

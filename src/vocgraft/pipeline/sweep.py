@@ -12,35 +12,12 @@ import itertools
 import multiprocessing
 import os
 import platform
-import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from vocgraft.pipeline.config import ConfigError, check_methods
-from vocgraft.pipeline.run import run_pipeline
-
-
-def parse_ints(text: str, name: str) -> list[int]:
-    """``50,100,500`` or ``2^10..2^15`` (every power of two in the range)."""
-    text = text.replace(" ", "")
-    span = re.fullmatch(r"2\^(\d+)\.\.2\^(\d+)", text)
-    if span:
-        low, high = int(span.group(1)), int(span.group(2))
-        if low > high:
-            raise ConfigError(f"--{name} {text}: the range is empty.")
-        return [2**e for e in range(low, high + 1)]
-    try:
-        values = [_int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise ConfigError(f"--{name} {text!r}: expected integers like 50,100 or a range like 2^10..2^15.") from None
-    if not values or any(v <= 0 for v in values):
-        raise ConfigError(f"--{name} {text!r}: expected positive integers.")
-    return values
-
-
-def _int(text: str) -> int:
-    return 2 ** int(text[2:]) if text.startswith("2^") else int(text)
+from vocgraft.pipeline.run import run_folder, run_pipeline
 
 
 def variants(config: dict, ks: list[int], inits: list[str], sizes: list[int] | None) -> list[dict]:
@@ -75,12 +52,13 @@ def recommend(points: list[dict], tolerance: float) -> dict:
 def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | None = None, jobs: int = 1) -> dict:
     check_methods(config["adapt"], inits)  # every method has its inputs, every setting is read: before any work
     grid = variants(config, ks, inits, sizes)
-    if jobs > 1:
-        # spawn, not fork: a forked child of a process that already ran torch's OpenMP threads can hang
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            points = list(pool.map(run_pipeline, grid))
-    else:
-        points = [run_pipeline(v) for v in grid]
+    with run_folder(config["out"], config):
+        if jobs > 1:
+            # spawn, not fork: a forked child of a process that already ran torch's OpenMP threads can hang
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                points = list(pool.map(run_pipeline, grid))
+        else:
+            points = [run_pipeline(v) for v in grid]
     for point in points:
         point["train_sample"] = point["train"]["sample"] if point["train"] else None
     tolerance = config["report"]["tolerance"]
@@ -116,7 +94,7 @@ def _cell(value):
 def write_report(sweep: dict, out_dir: str | Path) -> Path:
     """``report.md`` + ``report.json`` + ``speedup_vs_bpb.png`` (+ ``bpb_vs_size.png`` with sizes) in ``out_dir``,
     and ``report.html``: all of it in one page, with the token view."""
-    from vocgraft.outdir import write_json
+    from vocgraft.outdir import atomic_write, write_json
     from vocgraft.report import markdown_table, size_quality_png, speedup_quality_png
     from vocgraft.report_html import write_sweep_html
 
@@ -125,10 +103,10 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
     points, rec = sweep["points"], sweep["recommendation"]
     config = sweep["config"]
     source_bpb = points[0]["source_bits_per_byte"]
-    (out / "speedup_vs_bpb.png").write_bytes(speedup_quality_png(points, source_bpb, sweep["tolerance"]))
+    atomic_write(out / "speedup_vs_bpb.png", speedup_quality_png(points, source_bpb, sweep["tolerance"]))
     sized = [p for p in points if p["train_sample"] is not None]
     if sized:
-        (out / "bpb_vs_size.png").write_bytes(size_quality_png(sized, source_bpb))
+        atomic_write(out / "bpb_vs_size.png", size_quality_png(sized, source_bpb))
     rows = [
         [
             p["new_tokens"] if p["new_tokens"] is not None else "–",
@@ -193,7 +171,7 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         text.insert(-1, CANONICAL_LEGEND)
     if sized:
         text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
-    (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    atomic_write(out / "report.md", "\n".join(text) + "\n")
     write_json(out / "report.json", sweep)
     legend = f" {CANONICAL_LEGEND.strip()}" if canonical_columns else ""
     write_sweep_html(out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows)

@@ -294,6 +294,15 @@ def _save_checkpoint(accelerator, root: Path, state: RunState, config: TrainConf
     return final
 
 
+def remove_checkpoints(root: Path) -> None:
+    """Remove this run's checkpoints, and ``root`` if that empties it: a ``--checkpoint-dir`` may name a folder
+    that holds other files, which are not ours to delete."""
+    for entry in [*root.glob("step-*"), *root.glob(".step-*.partial")]:
+        shutil.rmtree(entry, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (or already gone): leave it
+        root.rmdir()
+
+
 def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary.
 
@@ -468,7 +477,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         saved_dtypes = (loaded_dtypes, weights_dtype)
         _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes)
         if not config.keep_checkpoints:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_checkpoints(root)
     accelerator.wait_for_everyone()
     summary["wall_seconds"] = time.perf_counter() - wall_start
     return summary
