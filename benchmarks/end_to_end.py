@@ -41,7 +41,7 @@ from vocgraft.eval import bits_per_byte
 from vocgraft.eval.generation import generation_speed, prompts_from_lines
 from vocgraft.eval.mt import read_pairs, translate_and_score
 from vocgraft.models import load_model, load_tokenizer
-from vocgraft.outdir import write_json
+from vocgraft.outdir import atomic_write, write_json
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import save_adapted
 from vocgraft.recipes.expand import expand_loaded, train_aux_tokenizer
@@ -568,10 +568,10 @@ def write_markdown(report: dict, path: Path) -> None:
             ]
             source = next((r for r in entry["rows"] if r["stage"] == "source"), entry["rows"][0])
             png = path.with_name(f"{path.stem}-{lang}.png")
-            png.write_bytes(speedup_quality_png(points, source["bpb"]["bits_per_byte"], 0.02, XLABEL))
+            atomic_write(png, speedup_quality_png(points, source["bpb"]["bits_per_byte"], 0.02, XLABEL))
             parts.append(f"![{lang}: greedy chars/s vs bits/byte]({png.name})\n")
     parts.append("\nCommand:\n\n    .venv/bin/python benchmarks/end_to_end.py --budget-minutes M [--resume]\n")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    atomic_write(path, "\n".join(parts))
 
 
 if __name__ == "__main__":
