@@ -102,14 +102,13 @@ def check_numbers(args: Any) -> None:
 
 
 def check_text_file(path: str | Path, flag: str) -> None:
-    """A local corpus file exists and is not UTF-16/32 or compressed (folders and hf: specs pass)."""
-    from vocgraft.corpus import CorpusError, check_plain_text
+    """A local corpus exists, is a regular file or a folder, and is not UTF-16/32 or compressed (hf: specs pass)."""
+    from vocgraft.corpus import check_plain_text, check_regular
 
     if str(path).startswith("hf:"):
         return
     path = Path(path)
-    if not path.exists():
-        raise CorpusError(f"{flag} {path} does not exist; check the path.")
+    check_regular(path, flag)  # a pipe or device is refused here, before anything opens it
     if path.is_file():
         check_plain_text(path)
 
