@@ -200,7 +200,9 @@ def checkpoint_tensors(folder: str | Path) -> dict[str, TensorEntry]:
             if not 0 <= begin <= end or entry.end > file_size:
                 raise _damaged(file, f"tensor {name} ends at byte {entry.end:,} but the file has {file_size:,}")
             if entry.dtype is not None and entry.numel * entry.dtype.itemsize != entry.nbytes:
-                raise _damaged(file, f"tensor {name} of shape {list(shape)} {tag} does not fill its {entry.nbytes} bytes")
+                raise _damaged(
+                    file, f"tensor {name} of shape {list(shape)} {tag} does not fill its {entry.nbytes} bytes"
+                )
             entries[name] = entry
     return entries
 

@@ -171,7 +171,8 @@ def check_config(path: Path) -> None:
             f"{path}: model_type {kind!r} is not an architecture transformers {version} knows; check the spelling, "
             "or upgrade transformers if the model is newer."
         )
-    encoder = config.get("is_encoder_decoder") or (kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder"))
+    masked = kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder")  # BERT and its kin
+    encoder = config.get("is_encoder_decoder") or masked
     if encoder or kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         form = "an encoder-decoder" if config.get("is_encoder_decoder") else "an encoder (masked-LM)"
         raise ModelLoadError(

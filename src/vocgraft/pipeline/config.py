@@ -192,6 +192,13 @@ def validate(raw: dict, source: str = "config") -> dict:
         )
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
+    from vocgraft.init import MethodInputError, all_options
+
+    for option in all_options().values():  # the ranges and choices each setting declares
+        try:
+            option.check(adapt[option.name], f"adapt.{option.name}")
+        except MethodInputError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     _check_placement(config, source)
     check_values(config, source)
     named = {key: config[key] for key in ("corpus", "heldout")}
@@ -236,23 +243,24 @@ def _check_placement(config: dict, source: str) -> None:
 
 # section.key -> (test, what it must be): the ranges the CLI's flags have (preflight.RULES), for the YAML keys
 def _ranges() -> dict[str, tuple]:
-    from vocgraft.preflight import AT_LEAST_1, MIN_VOCAB, RULES
+    from vocgraft.preflight import MAX_COUNT, RULES
 
     return {
-        "sample": AT_LEAST_1,
+        "sample": RULES["sample"],
         "adapt.aux_vocab_size": RULES["aux_vocab_size"],
-        "adapt.vocab_size": (lambda v: v >= MIN_VOCAB, RULES["vocab_size"][1]),
-        "adapt.protect_lines": AT_LEAST_1,
+        "adapt.vocab_size": RULES["vocab_size"],
+        "adapt.protect_lines": RULES["max_lines"],
         **{f"train.{key}": RULES[key] for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "lr")},
         "train.warmup_steps": RULES["warmup_steps"],
-        "train.sample": AT_LEAST_1,
-        "train.val_lines": AT_LEAST_1,
-        "eval.limit": AT_LEAST_1,
+        "train.sample": RULES["sample"],
+        "train.val_lines": RULES["val_lines"],
+        "eval.limit": RULES["limit"],
         "eval.max_length": RULES["max_length"],
-        "eval.mt_limit": AT_LEAST_1,
+        "eval.mt_limit": RULES["mt_limit"],
         "eval.shots": RULES["shots"],
-        "eval.prompts": (lambda v: v >= 0, "at least 0"),
-        "eval.max_new_tokens": AT_LEAST_1,
+        "eval.prompts": (lambda v: 0 <= v <= MAX_COUNT, f"at least 0 and at most {MAX_COUNT:,}"),
+        "eval.max_new_tokens": RULES["max_new_tokens"],
+        "adapt.new_tokens": RULES["new_tokens"],
         "report.tolerance": RULES["tolerance"],
     }
 
