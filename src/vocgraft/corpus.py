@@ -279,6 +279,20 @@ def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, f
     return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)
 
 
+def read_utf8(path: str | Path) -> str:
+    """A small text file (a config) as a string; not UTF-8 is named by line and byte, as a corpus would be."""
+    path = Path(path)
+    check_plain_text(path)
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = data.count(b"\n", 0, exc.start) + 1
+        start, end = data.rfind(b"\n", 0, exc.start) + 1, data.find(b"\n", exc.start)
+        _decode_line(data[start : len(data) if end < 0 else end], path, line_no)  # raises, naming the line
+        raise
+
+
 def numbered_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]:
     """(line number, line) for the non-blank lines of a small structured file (TSV pairs, JSONL records), so its
     parser can name the line it rejects; a missing file says what was ``expected`` in it."""

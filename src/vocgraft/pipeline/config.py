@@ -176,7 +176,12 @@ def check_methods(adapt: dict, inits: list[str], source: str = "config") -> None
 
 def validate(raw: dict, source: str = "config") -> dict:
     """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys."""
-    config = _check(copy.deepcopy(raw), schema(), "", source)
+    raw = copy.deepcopy(raw)
+    adapt = raw.get("adapt") if isinstance(raw, dict) else None
+    if isinstance(adapt, dict) and isinstance(adapt.get("keep_marks"), bool):
+        # YAML 1.1 reads the README's own `keep_marks: on` (and off) as a boolean
+        adapt["keep_marks"] = "on" if adapt["keep_marks"] else "off"
+    config = _check(raw, schema(), "", source)
     adapt = config["adapt"]
     if adapt["mode"] not in MODES:
         raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
@@ -228,13 +233,18 @@ def placement(config: dict, section: str) -> tuple[str, str]:
 
 
 def _check_placement(config: dict, source: str) -> None:
-    from vocgraft.devices import DTYPE_CHOICES
+    from vocgraft.devices import DTYPE_CHOICES, DeviceError, resolve_device
     from vocgraft.recipes.common import SURGERY_PATHS
 
     for where, section in [("", config), *((f"{name}.", config[name]) for name in PLACED_SECTIONS)]:
         if section is not None and section.get("dtype") is not None and section["dtype"] not in DTYPE_CHOICES:
             choices = ", ".join(DTYPE_CHOICES)
             raise ConfigError(f"{source}: {where}dtype must be one of {choices}; got {section['dtype']!r}.")
+        if section is not None and section.get("device") is not None:
+            try:  # a device that is not there fails now, not when its stage starts; named by the config's key
+                resolve_device(section["device"])
+            except DeviceError as exc:
+                raise ConfigError(f"{source}: {str(exc).replace('--device', f'{where}device')}") from None
     if config["adapt"]["surgery"] not in SURGERY_PATHS:
         raise ConfigError(f"{source}: adapt.surgery must be one of {', '.join(SURGERY_PATHS)}.")
     if config["train"] is not None and config["train"]["mixed_precision"] not in MIXED_PRECISION:
@@ -295,8 +305,13 @@ def load_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file.")
+    from vocgraft.corpus import CorpusError, check_regular, read_utf8
+
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        check_regular(path, "config")
+        raw = yaml.safe_load(read_utf8(path))
+    except CorpusError as exc:  # a stream, or not UTF-8 text: named as a corpus would be
+        raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
     return validate(raw or {}, str(path))
