@@ -170,7 +170,21 @@ def write_json(path: str | Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        # NaN and inf are not JSON (other readers refuse the file): null, by finite_json
+        text = json.dumps(finite_json(data), indent=2, ensure_ascii=False, allow_nan=False)
+        tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def finite_json(data):
+    """``data`` with every NaN or infinite float replaced by None (JSON null); callers warn about them
+    (:func:`vocgraft.eval.files.nonfinite_paths`)."""
+    if isinstance(data, float):
+        return data if data == data and abs(data) != float("inf") else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(v) for v in data]
+    return data

@@ -25,6 +25,10 @@ def evaluate(
     """Everything `vocgraft eval` reports for one model on one text, as a JSON-ready dict."""
     token_ids = encode_lines(tokenizer, lines)
     result = {"tokenizer": fertility(token_ids, lines)}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:  # a word-level or WordPiece tokenizer: text it cannot spell is scored as [UNK]
+        total = sum(len(ids) for ids in token_ids)
+        result["tokenizer"]["unk_share"] = sum(ids.count(unk) for ids in token_ids) / max(total, 1)
     if baseline_tokenizer is not None:
         baseline = fertility(encode_lines(baseline_tokenizer, lines), lines)
         result["baseline_tokenizer"] = baseline

@@ -219,7 +219,6 @@ def method_options(name: str, given: dict[str, Any] | None) -> dict[str, Any]:
         raise MethodInputError(f"{flag} is not a setting of init method {name!r}; remove it or choose another --init.")
     for option in method.options:
         option.check(given.get(option.name))
-    warn_inert(name, given)
     return method.defaults() | given
 
 
@@ -233,7 +232,7 @@ def warn_inert(name: str, given: dict[str, Any]) -> None:
         warnings.warn(
             f"{option.flag} {given[option.name]} makes init method {name!r} leave its start rows as they are: the "
             "result is labelled with the method but is not its work.",
-            stacklevel=3,
+            stacklevel=2,
         )
 
 
@@ -390,6 +389,7 @@ def initialize_matrices(
     if "model" in spec.needs and ctx.model is None:
         raise MethodInputError(f"init method {method!r} runs the source model; it needs the loaded model.")
     ctx = replace(ctx, options=method_options(method, ctx.options))
+    warn_inert(method, ctx.options)  # here, where the method runs: once per run
     input_rows = _run(spec, _matrix(input_matrix), replace(ctx, space="input"))
     head_rows = None if head_matrix is None else _run(spec, _matrix(head_matrix), replace(ctx, space="head"))
     return input_rows, head_rows
