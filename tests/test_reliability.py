@@ -458,6 +458,21 @@ def test_a_genuine_bug_shows_its_traceback_and_asks_for_a_report(world, tmp_path
     assert code == 1 and "Traceback" in err and "ZeroDivisionError" in err and "report" in err
 
 
+def test_a_full_disk_while_saving_a_tokenizer_is_one_line(world, tmp_path, capsys, monkeypatch):
+    """The tokenizers library reports a failed write as a bare Exception ending in "(os error 28)": on a full
+    64 KiB tmpfs, `tokenizer train` ended in a traceback (issue 24). Simulated here, since mounting needs root."""
+    from transformers import PreTrainedTokenizerFast
+
+    def disk_full(*args, **kwargs):
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", disk_full)
+    code, _, err = run_case(_expand(TOKTRAIN + " --corpus {w}/el.txt", world, tmp_path).split(), capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert "no space left on the device writing" in err and "tokenizer.json" in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_output_directories_get_normal_permissions(world, tmp_path, capsys):
     import os
 
