@@ -42,6 +42,7 @@ def cmd_methods(args) -> None:
 
 def cmd_eval(args) -> None:
     from vocgraft.eval.files import result_warnings, run_eval
+    from vocgraft.outdir import finite_json
     from vocgraft.report import eval_markdown
 
     result = run_eval(
@@ -60,7 +61,7 @@ def cmd_eval(args) -> None:
     for message in result_warnings(result, args.text):
         warn("eval", message)
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, finite_json(result))  # warned about above
 
 
 def cmd_tokenizer_train(args) -> None:

@@ -78,15 +78,16 @@ def check_regular(path: Path, what: str = "corpus") -> None:
     for test, kind in SPECIAL_FILES:
         if test(mode):
             raise CorpusError(
-                f"{what} {path} is {kind}, not a file: vocgraft reads a corpus more than once; write the stream to "
-                "a file first (e.g. `cat > corpus.txt`) and pass that file."
+                f"{what} {path} is {kind}, not a file: vocgraft reads its inputs more than once, and a stream "
+                "loses what was read or never ends; write the stream to a file first (`cat > corpus.txt`) and pass "
+                "that file."
             )
 
 
 def check_plain_text(path: Path) -> None:
     """Refuse a file that is UTF-16/32 or compressed before reading it as UTF-8 lines: the byte-level error would
     otherwise suggest a Latin-1 conversion, which turns such a file into mojibake."""
-    check_regular(path, "file")
+    check_regular(path, "input")
     with path.open("rb") as fh:
         head = fh.read(8)
     for magic, what, fix in SIGNATURES:
@@ -298,7 +299,7 @@ def numbered_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]
     parser can name the line it rejects; a missing file says what was ``expected`` in it."""
     path = Path(path)
     if path.exists():
-        check_regular(path, "file")
+        check_regular(path, "input")
     if not path.is_file():
         raise CorpusError(f"{path}: no such file; expected {expected}.")
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -170,7 +171,11 @@ def write_json(path: str | Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        # NaN and inf are not JSON (other readers refuse the file): null, by finite_json
+        bad = nonfinite_paths(data)  # NaN and inf are not JSON (other readers refuse the file): written as null
+        if bad:
+            import warnings
+
+            warnings.warn(f"{path}: {', '.join(bad)} not finite; written as null.", stacklevel=2)
         text = json.dumps(finite_json(data), indent=2, ensure_ascii=False, allow_nan=False)
         tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, path)
@@ -178,9 +183,19 @@ def write_json(path: str | Path, data: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def nonfinite_paths(data, where: str = "") -> list[str]:
+    """Dotted keys of the NaN or infinite floats in a JSON-like structure."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return [where or "the value"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in nonfinite_paths(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in nonfinite_paths(v, f"{where}[{i}]")]
+    return []
+
+
 def finite_json(data):
-    """``data`` with every NaN or infinite float replaced by None (JSON null); callers warn about them
-    (:func:`vocgraft.eval.files.nonfinite_paths`)."""
+    """``data`` with every NaN or infinite float replaced by None (JSON null)."""
     if isinstance(data, float):
         return data if data == data and abs(data) != float("inf") else None
     if isinstance(data, dict):

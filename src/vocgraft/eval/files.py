@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from vocgraft.outdir import nonfinite_paths
 
 # a larger share of unknown tokens makes bits/byte say little about the model: it scores [UNK]s, not the text
 UNK_WARN_SHARE = 0.05
@@ -27,15 +27,6 @@ def result_warnings(result: dict, text: str) -> list[str]:
     return out
 
 
-def nonfinite_paths(data, where: str = "") -> list[str]:
-    """Dotted keys of the NaN or infinite floats in a JSON-like structure."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return [where or "the value"]
-    if isinstance(data, dict):
-        return [p for k, v in data.items() for p in nonfinite_paths(v, f"{where}.{k}" if where else str(k))]
-    if isinstance(data, list | tuple):
-        return [p for i, v in enumerate(data) for p in nonfinite_paths(v, f"{where}[{i}]")]
-    return []
 
 
 def run_eval(
