@@ -282,15 +282,11 @@ def command_name(args: Any) -> str:
 def check_method_settings(args: Any) -> None:
     """expand/replace: the init method's settings are its own and within the ranges and choices its options
     declare (a NaN --distill-lr or an unknown --distill-merge fails here, not after the model is loaded)."""
-    import warnings
-
     from vocgraft.init import all_options, method_options
 
     if command_name(args) not in ("expand", "replace") or getattr(args, "init", None) is None:
         return
-    with warnings.catch_warnings():  # settings that make the method do nothing are warned about when it runs
-        warnings.simplefilter("ignore")
-        method_options(args.init, {name: getattr(args, name, None) for name in all_options()})
+    method_options(args.init, {name: getattr(args, name, None) for name in all_options()})
 
 
 def check_args(args: Any) -> None:
