@@ -314,16 +314,23 @@ def _tokenizer_error(spec, where: str, exc: Exception) -> ModelLoadError:
 
 
 def load_tokenizer(spec: str | os.PathLike):
-    from transformers import AutoTokenizer
-
     where = resolve(spec, tokenizer_only=True)
     check_hub_reachable(where)
-    if Path(where).is_dir():
-        check_tokenizer_file(Path(where))
+    return _from_pretrained_tokenizer(spec, where)
+
+
+def _from_pretrained_tokenizer(spec, where: str):
+    """``AutoTokenizer.from_pretrained(where)``; a failure is explained by the file at fault where it can be."""
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(where)
-    except (OSError, ValueError) as exc:
-        raise _tokenizer_error(spec, where, exc) from None
+    except Exception as exc:  # noqa: BLE001  (the tokenizers library raises a bare Exception for a damaged file)
+        if Path(where).is_dir():  # checked only after a failure: parsing a 33 MB tokenizer.json twice costs seconds
+            check_tokenizer_file(Path(where))
+        if isinstance(exc, OSError | ValueError):
+            raise _tokenizer_error(spec, where, exc) from None
+        raise
 
 
 def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
@@ -358,7 +365,7 @@ def load_model(
     refused before anything is loaded (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory
     message). ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from vocgraft.devices import check_fits, dtype_name, load_estimate, resolve_device, resolve_dtype, stored_dtype
 
@@ -383,12 +390,7 @@ def load_model(
     placement = {"device_map": {"": str(target)}} if target.type != "cpu" else {}
     check_hub_reachable(where)
     if tokenizer is None:
-        if local:
-            check_tokenizer_file(Path(where))
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where)
-        except (OSError, ValueError) as exc:
-            raise _tokenizer_error(spec, where, exc) from None
+        tokenizer = _from_pretrained_tokenizer(spec, where)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             where, **dtype_kwargs(torch_dtype), **placement, output_loading_info=True
