@@ -166,6 +166,8 @@ def check_config(path: Path) -> None:
 
     config = read_json_file(path, "model")
     kind = config.get("model_type")
+    if kind is None:  # an old config: transformers guesses the architecture from the path, as before
+        return
     if kind not in CONFIG_MAPPING_NAMES:
         raise ModelLoadError(
             f"{path}: model_type {kind!r} is not an architecture transformers {version} knows; check the spelling, "
