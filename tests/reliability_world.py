@@ -78,7 +78,79 @@ def build_world(root: Path) -> Path:
     (root / "nli.jsonl").write_text(
         json.dumps({"premise": "a", "hypothesis": "b", "label": "entailment"}) + "\n", encoding="utf-8"
     )
+    build_damaged_models(root)
     return root
+
+
+def build_damaged_models(root: Path) -> None:
+    """Issue 24's inputs: streams, a line past the limit, a word that kept BPE training busy for minutes, and model
+    folders damaged in the ways downloads and hand edits damage them (a sharded copy of the source for those)."""
+    import random
+    import string
+    import struct
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tiny import tiny_bytelevel_tokenizer, tiny_llama
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, PreTrainedTokenizerFast
+
+    os.mkfifo(root / "fifo")
+    (root / "longline.txt").write_bytes(b"x" * (3 << 19) + b"\n")  # 1.5 MiB on one line
+    word = "".join(random.Random(0).choices(string.ascii_letters, k=500_000))  # a base64-like blob, one word
+    (root / "longword.txt").write_text((root / "el.txt").read_text(encoding="utf-8") + word + "\n", encoding="utf-8")
+    (root / "latin1.yaml").write_bytes("model: caf\xe9\n".encode("latin-1"))
+
+    tokenizer = tiny_bytelevel_tokenizer()
+    tiny_llama(len(tokenizer), tied=False).save_pretrained(root / "sharded", max_shard_size="20KB")
+    tokenizer.save_pretrained(root / "sharded")
+    index = json.loads((root / "sharded" / "model.safetensors.index.json").read_text())
+    embeddings = index["weight_map"]["model.embed_tokens.weight"]
+
+    def damaged(name: str) -> Path:
+        shutil.copytree(root / "sharded", root / name)
+        return root / name
+
+    shard = damaged("short-shard") / embeddings
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    shard = damaged("huge-header") / embeddings
+    shard.write_bytes(struct.pack("<Q", 1 << 62) + shard.read_bytes()[8:])
+    (damaged("no-weight-map") / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    for name, change in (("wrong-shape", lambda t: t[:, :16].contiguous()), ("nan-rows", None)):
+        shard = damaged(name) / embeddings
+        tensors = load_file(shard)
+        if change:
+            tensors["model.embed_tokens.weight"] = change(tensors["model.embed_tokens.weight"])
+        else:
+            tensors["model.embed_tokens.weight"][[5, 9]] = float("nan")
+        save_file(tensors, shard, metadata={"format": "pt"})
+    config = json.loads((root / "sharded" / "config.json").read_text())
+    (damaged("unknown-type") / "config.json").write_text(json.dumps(config | {"model_type": "llamaz"}))
+    bert = BertConfig(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"], num_attention_heads=4)
+    (damaged("encoder-config") / "config.json").write_text(bert.to_json_string())
+    tiny_bytelevel_tokenizer(600).save_pretrained(damaged("tokenizer-over-rows"))
+    path = damaged("merges-unknown") / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    merges = spec["model"]["merges"]
+    merges.append(["zzqq", "qqzz"] if isinstance(merges[0], list) else "zzqq qqzz")
+    path.write_text(json.dumps(spec))
+    path = damaged("truncated-tokenizer") / "tokenizer.json"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    nan_norm = tiny_llama(len(tokenizer), tied=True)
+    with torch.no_grad():
+        nan_norm.model.norm.weight.fill_(float("nan"))  # finite rows, NaN outputs
+    nan_norm.save_pretrained(root / "nan-outputs")
+    tokenizer.save_pretrained(root / "nan-outputs")
+    # a word-level tokenizer that knows a few English words: Greek text is all [UNK]
+    vocab = {"[UNK]": 0, "</s>": 1, **{w: i + 2 for i, w in enumerate(["the", "a", "of", "and", "to", "in"])}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    words = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>")
+    tiny_llama(len(words), tied=True).save_pretrained(root / "word-level")
+    words.save_pretrained(root / "word-level")
+    no_bos = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tiny_llama(len(no_bos), tied=True).save_pretrained(root / "no-bos-eos")
+    no_bos.save_pretrained(root / "no-bos-eos")
 
 
 def write_config(root: Path, name: str, **changes) -> Path:

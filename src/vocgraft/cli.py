@@ -41,7 +41,8 @@ def cmd_methods(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from vocgraft.eval.files import run_eval
+    from vocgraft.eval.files import result_warnings, run_eval
+    from vocgraft.outdir import finite_json
     from vocgraft.report import eval_markdown
 
     result = run_eval(
@@ -57,8 +58,10 @@ def cmd_eval(args) -> None:
         device=args.device,
     )
     print(eval_markdown(result, name=Path(args.model).name or args.model))  # first: a failed write loses nothing
+    for message in result_warnings(result, args.text):
+        warn("eval", message)
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, finite_json(result))  # warned about above
 
 
 def cmd_tokenizer_train(args) -> None:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
+# a longer line is refused, naming its number: read in bounded pieces, so a file without line breaks (a dump, a
+# binary) never fills memory; a document longer than this belongs on several lines
+MAX_LINE_BYTES = 1 << 20
 
 
 # the shared multilingual corpora of this project's machines: ../shared/corpora next to the repository, unless
@@ -57,9 +61,33 @@ SIGNATURES = (
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
+# what a path that is neither a regular file nor a folder is, by its stat mode
+SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)  # fmt: skip
+
+
+def check_regular(path: Path, what: str = "corpus") -> None:
+    """A local input must be a regular file or a folder: a stream (``/dev/stdin``, a FIFO, a device) is read more
+    than once (its first block would be lost) or may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CorpusError(f"{what} {path} does not exist; check the path.") from None
+    for test, kind in SPECIAL_FILES:
+        if test(mode):
+            raise CorpusError(
+                f"{what} {path} is {kind}, not a file: vocgraft reads its inputs more than once, and a stream "
+                "loses what was read or never ends; write the stream to a file first (`cat > corpus.txt`) and pass "
+                "that file."
+            )
+
+
 def check_plain_text(path: Path) -> None:
     """Refuse a file that is UTF-16/32 or compressed before reading it as UTF-8 lines: the byte-level error would
     otherwise suggest a Latin-1 conversion, which turns such a file into mojibake."""
+    check_regular(path, "input")
     with path.open("rb") as fh:
         head = fh.read(8)
     for magic, what, fix in SIGNATURES:
@@ -73,7 +101,14 @@ def check_plain_text(path: Path) -> None:
 def _file_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     check_plain_text(path)
     with path.open("rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
+        line_no = 0
+        while raw := fh.readline(MAX_LINE_BYTES + 1):
+            line_no += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise CorpusError(
+                    f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB; put one document or paragraph "
+                    "per line (a line this long is usually a data blob or a file without line breaks)."
+                )
             yield line_no, raw[len(UTF8_BOM) :] if line_no == 1 and raw.startswith(UTF8_BOM) else raw
 
 
@@ -137,8 +172,7 @@ def _raw_lines(source: str | Path, field: str) -> Iterator[str]:
         yield from _iter_hf_dataset(source, field)
         return
     path = Path(source)
-    if not path.exists():
-        raise CorpusError(f"corpus {path} does not exist; check the path.")
+    check_regular(path)
     for file in _files_in(path) if path.is_dir() else [path]:
         if file.suffix == ".jsonl":
             yield from _iter_jsonl_file(file, field)
@@ -246,10 +280,26 @@ def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, f
     return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)
 
 
+def read_utf8(path: str | Path) -> str:
+    """A small text file (a config) as a string; not UTF-8 is named by line and byte, as a corpus would be."""
+    path = Path(path)
+    check_plain_text(path)
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = data.count(b"\n", 0, exc.start) + 1
+        start, end = data.rfind(b"\n", 0, exc.start) + 1, data.find(b"\n", exc.start)
+        _decode_line(data[start : len(data) if end < 0 else end], path, line_no)  # raises, naming the line
+        raise
+
+
 def numbered_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]:
     """(line number, line) for the non-blank lines of a small structured file (TSV pairs, JSONL records), so its
     parser can name the line it rejects; a missing file says what was ``expected`` in it."""
     path = Path(path)
+    if path.exists():
+        check_regular(path, "input")
     if not path.is_file():
         raise CorpusError(f"{path}: no such file; expected {expected}.")
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):

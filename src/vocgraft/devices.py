@@ -12,6 +12,7 @@ headers (:func:`checkpoint_tensors`), never from loading the weights.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,11 +134,30 @@ class TensorEntry:
         return n
 
 
+def _damaged(path: str | Path, why: str):
+    """The error for a weights file that cannot be what it says (named, with the fix)."""
+    from vocgraft.models import ModelLoadError
+
+    return ModelLoadError(f"{path}: {why}; the file is truncated or damaged: re-download or re-save the model.")
+
+
 def read_header(path: str | Path) -> tuple[dict, int]:
-    """(the JSON header, the byte offset where tensor data begins) of a safetensors file."""
+    """(the JSON header, the byte offset where tensor data begins) of a safetensors file. A header size past the
+    end of the file (a truncated file, or garbage claiming 2^62 bytes) is refused before anything is allocated."""
+    file_size = os.path.getsize(path)
     with open(path, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
+        head = fh.read(8)
+        if len(head) < 8:
+            raise _damaged(path, f"{file_size} bytes, too short for a safetensors header")
+        (size,) = struct.unpack("<Q", head)
+        if size > file_size - 8:
+            raise _damaged(path, f"its header claims {size:,} bytes but the file has {file_size:,}")
+        try:
+            header = json.loads(fh.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise _damaged(path, "its header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise _damaged(path, "its header is not a JSON object")
     return header, 8 + size
 
 
@@ -146,25 +166,44 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise _damaged(index, "not a JSON object") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise _damaged(index, "it has no weight_map (tensor name -> shard file)")
+        files = [folder / str(name) for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise _damaged(index, f"it names the shard {file.name}, which is not in {folder}")
+        return files
     single = folder / "model.safetensors"
     return [single] if single.is_file() else []
 
 
 def checkpoint_tensors(folder: str | Path) -> dict[str, TensorEntry]:
-    """Every tensor of a saved model by name, from the safetensors headers (nothing is read but the headers)."""
+    """Every tensor of a saved model by name, from the safetensors headers (nothing is read but the headers).
+    A tensor whose bytes lie past the end of its file, or do not match its shape and dtype, names the file."""
     entries = {}
     for file in safetensors_files(folder):
         header, start = read_header(file)
+        file_size = file.stat().st_size
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            begin, end = info["data_offsets"]
-            tag = info["dtype"]
-            entries[name] = TensorEntry(
-                name, file, SAFETENSORS_DTYPES.get(tag), tag, tuple(info["shape"]), start + begin, start + end
-            )
+            try:
+                begin, end = info["data_offsets"]
+                tag, shape = info["dtype"], tuple(info["shape"])
+            except (KeyError, TypeError, ValueError):
+                raise _damaged(file, f"the header entry of tensor {name} lacks dtype, shape or data_offsets") from None
+            entry = TensorEntry(name, file, SAFETENSORS_DTYPES.get(tag), tag, shape, start + begin, start + end)
+            if not 0 <= begin <= end or entry.end > file_size:
+                raise _damaged(file, f"tensor {name} ends at byte {entry.end:,} but the file has {file_size:,}")
+            if entry.dtype is not None and entry.numel * entry.dtype.itemsize != entry.nbytes:
+                raise _damaged(
+                    file, f"tensor {name} of shape {list(shape)} {tag} does not fill its {entry.nbytes} bytes"
+                )
+            entries[name] = entry
     return entries
 
 

@@ -140,12 +140,143 @@ def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
             return str(path)
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder without config.json; give a saved Hugging Face model directory.")
+        check_config(path / "config.json")
         return str(path)
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file.")
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelLoadError(f"model path {spec} does not exist.")
     return spec  # a hub id: same code path as a directory
+
+
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; a damaged file (not UTF-8, cut short, not an object) is named with the fix."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{path}: not UTF-8 text; re-download or re-save the {what}.") from None
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); the file is truncated "
+            f"or damaged: re-download or re-save the {what}."
+        ) from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}; re-save the {what}.")
+    return data
+
+
+def check_config(path: Path) -> None:
+    """config.json describes an architecture this transformers knows as a decoder-only causal LM (an encoder's
+    config would load every weight as missing, randomly initialized, with exit 0)."""
+    from transformers import __version__ as version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    config = read_json_file(path, "model")
+    kind = config.get("model_type")
+    if kind is None:  # an old config: transformers guesses the architecture from the path, as before
+        return
+    if kind not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{path}: model_type {kind!r} is not an architecture transformers {version} knows; check the spelling, "
+            "or upgrade transformers if the model is newer."
+        )
+    masked = kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder")  # BERT and its kin
+    encoder = config.get("is_encoder_decoder") or masked
+    if encoder or kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        form = "an encoder-decoder" if config.get("is_encoder_decoder") else "an encoder (masked-LM)"
+        raise ModelLoadError(
+            f"{path}: model_type {kind!r} is {form if encoder else 'not a causal-LM'} architecture; vocgraft adapts "
+            "decoder-only causal LMs (Llama, Gemma, Qwen, GPT-2, ...)."
+        )
+
+
+def check_tokenizer_file(folder: Path) -> None:
+    """A folder's tokenizer.json is valid JSON and every BPE merge names tokens of its vocabulary (the library's
+    own error names neither the file nor the merge)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return
+    model = read_json_file(path, "tokenizer").get("model") or {}
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict) or not isinstance(merges, list):
+        return
+    for number, merge in enumerate(merges, start=1):
+        pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+        unknown = [piece for piece in pair if piece not in vocab]
+        if unknown or len(pair) != 2 or "".join(pair) not in vocab:
+            what = f"names {unknown[0]!r}, which is not in its vocab" if unknown else "does not make a vocab token"
+            raise ModelLoadError(
+                f"{path}: merge {number} ({' '.join(map(str, pair))}) {what}; the tokenizer file is damaged or was "
+                "edited by hand: re-save it from the tokenizer."
+            )
+
+
+def check_tokenizer_fits(tokenizer, rows: int, spec) -> None:
+    """Every id of the tokenizer has an embedding row."""
+    if len(tokenizer) > rows:
+        raise ModelLoadError(
+            f"{spec}: its tokenizer has {len(tokenizer)} ids but the model has {rows} embedding rows; the tokenizer "
+            "files belong to another model: save the model's own tokenizer with it."
+        )
+
+
+def nonfinite_rows(matrix: torch.Tensor, block: int = 8192) -> list[int]:
+    """Ids of rows holding NaN or inf (the first few), checked block by block (no full-size mask)."""
+    bad: list[int] = []
+    for start in range(0, matrix.shape[0], block):
+        rows = ~torch.isfinite(matrix[start : start + block].detach()).all(dim=1)
+        bad += (rows.nonzero().flatten() + start).tolist()[: 5 - len(bad)]
+        if len(bad) >= 5:
+            break
+    return bad
+
+
+def check_finite_rows(matrix: torch.Tensor, what: str, spec) -> None:
+    bad = nonfinite_rows(matrix)
+    if bad:
+        raise ModelLoadError(
+            f"{spec}: the {what} has NaN or inf values in rows {', '.join(map(str, bad))}; the weights are damaged "
+            "(or were saved after a diverged training run): re-download or re-save the model."
+        )
+
+
+def check_model_rows(model, tokenizer, spec) -> None:
+    """What every use of a source model assumes: a row for each token id, and finite embedding and head rows."""
+    emb = model.get_input_embeddings().weight
+    check_tokenizer_fits(tokenizer, emb.shape[0], spec)
+    check_finite_rows(emb, "input embedding matrix", spec)
+    head = model.get_output_embeddings()
+    if head is not None and head.weight.data_ptr() != emb.data_ptr():
+        check_finite_rows(head.weight, "LM head", spec)
+
+
+def shape_errors(expected: dict[str, tuple], tensors: dict) -> str | None:
+    """The first tensor whose stored shape differs from the one config.json gives it, named with its file."""
+    for name, shape in expected.items():
+        entry = tensors.get(name)
+        if entry is not None and tuple(entry.shape) != tuple(shape):
+            return (
+                f"{entry.file}: tensor {name} has shape {list(entry.shape)} but config.json makes it "
+                f"{list(shape)}; the weights belong to another config: re-download or re-save the model."
+            )
+    return None
+
+
+def mismatch_message(where: str) -> str | None:
+    """Why ``from_pretrained`` refused the weights of a local folder: a tensor shape config.json does not give."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from vocgraft.devices import checkpoint_tensors
+
+    if not Path(where).is_dir():
+        return None
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(where))
+    return shape_errors({k: tuple(v.shape) for k, v in skeleton.state_dict().items()}, checkpoint_tensors(where))
 
 
 def _hub_cached(repo_id: str) -> bool:
@@ -196,14 +327,23 @@ def _tokenizer_error(spec, where: str, exc: Exception) -> ModelLoadError:
 
 
 def load_tokenizer(spec: str | os.PathLike):
-    from transformers import AutoTokenizer
-
     where = resolve(spec, tokenizer_only=True)
     check_hub_reachable(where)
+    return _from_pretrained_tokenizer(spec, where)
+
+
+def _from_pretrained_tokenizer(spec, where: str):
+    """``AutoTokenizer.from_pretrained(where)``; a failure is explained by the file at fault where it can be."""
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(where)
-    except (OSError, ValueError) as exc:
-        raise _tokenizer_error(spec, where, exc) from None
+    except Exception as exc:  # noqa: BLE001  (the tokenizers library raises a bare Exception for a damaged file)
+        if Path(where).is_dir():  # checked only after a failure: parsing a 33 MB tokenizer.json twice costs seconds
+            check_tokenizer_file(Path(where))
+        if isinstance(exc, OSError | ValueError):
+            raise _tokenizer_error(spec, where, exc) from None
+        raise
 
 
 def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
@@ -238,7 +378,7 @@ def load_model(
     refused before anything is loaded (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory
     message). ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from vocgraft.devices import check_fits, dtype_name, load_estimate, resolve_device, resolve_dtype, stored_dtype
 
@@ -263,16 +403,27 @@ def load_model(
     placement = {"device_map": {"": str(target)}} if target.type != "cpu" else {}
     check_hub_reachable(where)
     if tokenizer is None:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where)
-        except (OSError, ValueError) as exc:
-            raise _tokenizer_error(spec, where, exc) from None
+        tokenizer = _from_pretrained_tokenizer(spec, where)
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, **dtype_kwargs(torch_dtype), **placement)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            where, **dtype_kwargs(torch_dtype), **placement, output_loading_info=True
+        )
     except SafetensorError as exc:
         raise _weights_error(spec, where, exc) from None
     except OSError as exc:
         raise ModelLoadError(f"could not load model {spec!r}: {exc}") from exc
+    except RuntimeError as exc:  # a tensor whose shape config.json does not give
+        message = mismatch_message(where) if "mismatch" in str(exc) else None
+        if message is None:
+            raise
+        raise ModelLoadError(message) from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # randomly initialized weights: never "the model" (another architecture's config does this)
+        raise ModelLoadError(
+            f"{spec}: {len(missing)} weights that config.json ({type(model).__name__}) needs are not in its weight "
+            f"files (first: {missing[0]}); the config and the weights belong to different models."
+        )
+    check_model_rows(model, tokenizer, spec)
     if torch_dtype == "auto":  # now that the dtype is known, the device must be able to run it
         model = model.to(resolve_dtype("auto", model.dtype, target))
     model.eval()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -280,5 +281,34 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON atomically so a crash never leaves half a file (a symlink is written through)."""
-    atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    """Write JSON atomically so a crash never leaves half a file (a symlink is written through). NaN and inf are
+    not JSON (other readers refuse the file): they are written as null, with a warning."""
+    bad = nonfinite_paths(data)
+    if bad:
+        import warnings
+
+        warnings.warn(f"{path}: {', '.join(bad)} not finite; written as null.", stacklevel=2)
+    text = json.dumps(finite_json(data), indent=2, ensure_ascii=False, allow_nan=False)
+    atomic_write(path, text + "\n")
+
+
+def nonfinite_paths(data, where: str = "") -> list[str]:
+    """Dotted keys of the NaN or infinite floats in a JSON-like structure."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return [where or "the value"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in nonfinite_paths(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in nonfinite_paths(v, f"{where}[{i}]")]
+    return []
+
+
+def finite_json(data):
+    """``data`` with every NaN or infinite float replaced by None (JSON null)."""
+    if isinstance(data, float):
+        return data if data == data and abs(data) != float("inf") else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(v) for v in data]
+    return data

@@ -82,6 +82,26 @@ RULES: dict[str, Rule] = {
         )
     },  # fmt: skip
 }
+# upper bounds: a size past these is a typo (an extra zero), and some would be allocated at once (the BPE trainer
+# reserves its vocabulary up front: --aux-vocab-size 10000000000 aborted the process in a 566 GB allocation)
+MAX_VOCAB = 1 << 22  # 4,194,304 tokens: 16x Gemma's 262K, the largest vocabulary in use
+MAX_COUNT = (1 << 31) - 1  # lines, steps, prompts: what an int32 index holds
+MAXIMA: dict[str, int | float] = {
+    "seq_len": 1 << 20, "max_length": 1 << 20, "vocab_size": MAX_VOCAB, "aux_vocab_size": MAX_VOCAB,
+    "new_tokens": MAX_VOCAB, "batch_size": 1 << 16, "grad_accum": 1 << 16, "max_candidates": 1 << 16,
+    "jobs": 1024, "shots": 1000, "max_new_tokens": 1 << 20, "mt_max_new_tokens": 1 << 20,
+    "minutes": 1e6, "epochs": 1e6, "lr": 1e3, "max_grad_norm": 1e9, "weight_decay": 1e3, "alpha": 1e6,
+    **{name: MAX_COUNT for name in (
+        "sample", "limit", "eval_limit", "max_steps", "save_every", "val_lines", "eval_every", "max_lines",
+        "num_prompts", "mt_limit", "warmup_steps", "steps",
+    )},
+}  # fmt: skip
+for _dest, _most in MAXIMA.items():
+    _test, _wanted = RULES[_dest]
+    RULES[_dest] = (lambda v, t=_test, m=_most: t(v) and v <= m, f"{_wanted}, and at most {_most:,}")
+# bytes the BPE trainer holds per vocabulary entry it reserves (566 GB for 10^10 entries): the estimate that
+# refuses a vocabulary size before training starts
+TRAINER_BYTES_PER_TOKEN = 64
 # local text files read as corpora (hf:... specs and folders are checked when read)
 TEXT_INPUTS = ("corpus", "heldout", "protect", "text", "prompts", "mt")
 # local files of another kind: must exist
@@ -98,17 +118,22 @@ def check_numbers(args: Any) -> None:
     for weight in getattr(args, "corpus_weights", None) or []:
         if not (_finite(weight) and weight > 0):
             raise ArgumentError(f"--corpus-weights must be finite numbers > 0; got {weight}.")
+    for dest in ("vocab_size", "aux_vocab_size"):  # tokenizer training runs on the host, whatever the device
+        size = getattr(args, dest, None)
+        if size is not None:
+            check_memory(
+                size * TRAINER_BYTES_PER_TOKEN, f"{_flag(dest)} {size:,}", "give a smaller vocabulary size.", host=True
+            )
 
 
 def check_text_file(path: str | Path, flag: str) -> None:
-    """A local corpus file exists and is not UTF-16/32 or compressed (folders and hf: specs pass)."""
-    from vocgraft.corpus import CorpusError, check_plain_text
+    """A local corpus exists, is a regular file or a folder, and is not UTF-16/32 or compressed (hf: specs pass)."""
+    from vocgraft.corpus import check_plain_text, check_regular
 
     if str(path).startswith("hf:"):
         return
     path = Path(path)
-    if not path.exists():
-        raise CorpusError(f"{flag} {path} does not exist; check the path.")
+    check_regular(path, flag)  # a pipe or device is refused here, before anything opens it
     if path.is_file():
         check_plain_text(path)
 
@@ -250,9 +275,20 @@ def command_name(args: Any) -> str:
     return " ".join(words)
 
 
+def check_method_settings(args: Any) -> None:
+    """expand/replace: the init method's settings are its own and within the ranges and choices its options
+    declare (a NaN --distill-lr or an unknown --distill-merge fails here, not after the model is loaded)."""
+    from vocgraft.init import all_options, method_options
+
+    if command_name(args) not in ("expand", "replace") or getattr(args, "init", None) is None:
+        return
+    method_options(args.init, {name: getattr(args, name, None) for name in all_options()})
+
+
 def check_args(args: Any) -> None:
     """Every rule that needs no model: numbers, input files, outputs, the subcommand's own rules."""
     check_numbers(args)
+    check_method_settings(args)
     check_inputs(args)
     check_outputs(args)
     check = COMMAND_CHECKS.get(command_name(args))
@@ -263,9 +299,9 @@ def check_args(args: Any) -> None:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 
 
-def memory_limit_bytes() -> int | None:
+def memory_limit_bytes(host: bool = False) -> int | None:
     """Memory a new allocation may take: ``VOCGRAFT_MEMORY_LIMIT`` (e.g. ``24GiB``) if set, else the free GPU
-    memory when CUDA is in use, else the system's available memory (Linux); None when unknown."""
+    memory when CUDA is in use (unless ``host``), else the system's available memory (Linux); None when unknown."""
     setting = os.environ.get("VOCGRAFT_MEMORY_LIMIT")
     if setting:
         match = _SIZE.match(setting)
@@ -277,15 +313,16 @@ def memory_limit_bytes() -> int | None:
     from vocgraft.devices import UNKNOWN_MEMORY, available_memory
 
     try:
-        free = available_memory(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        free = available_memory(torch.device("cuda" if not host and torch.cuda.is_available() else "cpu"))
     except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
         free = available_memory(torch.device("cpu"))
     return None if free >= UNKNOWN_MEMORY else free
 
 
-def check_memory(needed: int, what: str, fix: str) -> None:
-    """Refuse an allocation of ``needed`` bytes that does not fit, before it is attempted."""
-    limit = memory_limit_bytes()
+def check_memory(needed: int, what: str, fix: str, host: bool = False) -> None:
+    """Refuse an allocation of ``needed`` bytes that does not fit, before it is attempted (``host``: in the
+    system's memory, not a GPU's)."""
+    limit = memory_limit_bytes(host)
     if limit is not None and needed > limit:
         raise ArgumentError(
             f"{what} needs about {needed / 2**30:.1f} GiB but only {limit / 2**30:.1f} GiB is available; {fix}"

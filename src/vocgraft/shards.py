@@ -97,6 +97,11 @@ class ShardedModel:
                 "the files' tensors are not the model's one to one "
                 f"(missing {missing[:3]}, not in the model {extra[:3]})"
             )
+        from vocgraft.models import ModelLoadError, shape_errors
+
+        mismatch = shape_errors({n: tuple(self.source_state[n].shape) for n in self.written}, tensors)
+        if mismatch:  # the full load refuses these weights too
+            raise ModelLoadError(mismatch)
         for name in (self.input_name, *(() if self.tied else (self.head_name,))):
             if tensors[name].dtype is None or not tensors[name].dtype.is_floating_point:
                 raise ShardMismatch(f"{name} is stored as {tensors[name].dtype_tag}, not a float")
@@ -111,7 +116,15 @@ class ShardedModel:
 
         folder = Path(where)
         torch_dtype = resolve_dtype(dtype, stored_dtype(folder), torch.device("cpu"))
-        skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
+        try:
+            skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
+        except RuntimeError as exc:  # a tensor whose shape config.json does not give: the file is named
+            from vocgraft.models import ModelLoadError, mismatch_message
+
+            message = mismatch_message(folder) if "mismatch" in str(exc) else None
+            if message is None:
+                raise
+            raise ModelLoadError(message) from None
         skeleton.eval()
         return cls(folder, skeleton, checkpoint_tensors(folder))
 
@@ -191,10 +204,18 @@ class ShardedModel:
         """A callable that reads the input (``space="input"``) or head matrix as the loaded model holds it (for
         :func:`vocgraft.init.initialize_matrices`, which releases it after its pass; methods compute in float32 on
         the rows they use, so no float32 twin of the matrix is made)."""
+        from vocgraft.models import check_finite_rows
+
         name = self.input_name if space == "input" else self.head_name
         if name is None or (space == "head" and self.tied):
             raise ValueError("the model's head is tied to its input embeddings: there is no separate head matrix")
-        return lambda: self.read(name, self.param_dtype(name))
+
+        def read() -> torch.Tensor:
+            matrix = self.read(name, self.param_dtype(name))
+            check_finite_rows(matrix, f"{'input embedding matrix' if space == 'input' else 'LM head'}", self.folder)
+            return matrix
+
+        return read
 
     # -- writing ------------------------------------------------------------------------------------------
 

@@ -27,6 +27,10 @@ def evaluate(
     bits/byte also carries the teacher-forced argmax rate of the new tokens."""
     token_ids = encode_lines(tokenizer, lines)
     result = {"tokenizer": fertility(token_ids, lines)}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:  # a word-level or WordPiece tokenizer: text it cannot spell is scored as [UNK]
+        total = sum(len(ids) for ids in token_ids)
+        result["tokenizer"]["unk_share"] = sum(ids.count(unk) for ids in token_ids) / max(total, 1)
     if baseline_tokenizer is not None:
         baseline = fertility(encode_lines(baseline_tokenizer, lines), lines)
         result["baseline_tokenizer"] = baseline

@@ -68,7 +68,12 @@ def default_prefix_id(tokenizer) -> int:
     for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
         if token_id is not None:
             return token_id
-    raise ValueError("the tokenizer has neither a BOS nor an EOS token; pass prefix_id explicitly.")
+    from vocgraft.models import ModelLoadError  # the user's model, not a bug: one line, exit 2
+
+    raise ModelLoadError(
+        "the model's tokenizer has neither a BOS nor an EOS token, and bits/byte starts every line with one; set "
+        "bos_token or eos_token in its tokenizer_config.json, or measure token counts only (--no-bpb)."
+    )
 
 
 def collate(batch: list[Window], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,6 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from vocgraft.outdir import nonfinite_paths
+
+# a larger share of unknown tokens makes bits/byte say little about the model: it scores [UNK]s, not the text
+UNK_WARN_SHARE = 0.05
+
+
+def result_warnings(result: dict, text: str) -> list[str]:
+    """Why an eval result is useless though it finished: text the tokenizer maps to its unknown token, numbers
+    that are not finite (written as null in JSON)."""
+    out = []
+    share = result.get("tokenizer", {}).get("unk_share")
+    if share is not None and share > UNK_WARN_SHARE:
+        out.append(
+            f"{share:.1%} of the tokens of {text} are the unknown token: the tokenizer cannot spell this text, so "
+            "bits/byte and token counts say little; use a tokenizer with byte fallback or text it covers."
+        )
+    bad = nonfinite_paths(result)
+    if bad:
+        out.append(
+            f"{', '.join(bad)}: not finite numbers (the model's outputs overflowed or are NaN); the JSON holds null "
+            "for them."
+        )
+    return out
+
 
 def run_eval(
     model_spec: str,

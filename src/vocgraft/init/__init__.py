@@ -27,6 +27,7 @@ excepted: ``ctx.resources["fasttext"]["threads"] = 1`` makes FOCUS and SALT vect
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -63,11 +64,21 @@ INPUTS = {
 
 @dataclass(frozen=True)
 class Option:
-    """A method setting: ``--<name with dashes>`` on the command line, ``adapt.<name>`` in a pipeline config."""
+    """A method setting: ``--<name with dashes>`` on the command line, ``adapt.<name>`` in a pipeline config.
+
+    Its allowed values are declared with it and checked where the value is parsed (preflight, the pipeline config,
+    :func:`method_options`): ``minimum``/``maximum`` for numbers (floats must also be finite; ``above`` makes the
+    minimum exclusive), ``choices`` for names; ``inert`` are values that make the method leave its start rows as
+    they are (allowed, with a warning: the result is labelled with the method but is not its work)."""
 
     name: str
     default: Any
     help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False  # the minimum itself is not allowed (a learning rate > 0)
+    choices: tuple[str, ...] = ()
+    inert: tuple[Any, ...] = ()
 
     @property
     def type(self) -> type:
@@ -76,6 +87,28 @@ class Option:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` for this setting (None: nothing)."""
+        if self.choices:
+            return None if value in self.choices else f"must be one of {', '.join(self.choices)}; got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if not math.isfinite(value):
+            return f"must be a finite number; got {value}"
+        low = self.minimum is not None and (value <= self.minimum if self.above else value < self.minimum)
+        high = self.maximum is not None and value > self.maximum
+        if low or high:
+            lower = None if self.minimum is None else f"{'>' if self.above else '>='} {self.minimum:g}"
+            upper = None if self.maximum is None else f"<= {self.maximum:g}"
+            return f"must be {' and '.join(filter(None, (lower, upper)))}; got {value}"
+        return None
+
+    def check(self, value: Any, name: str | None = None) -> None:
+        """Refuse a value outside the declared range or choices; ``name``: how the user gave it (default: the flag)."""
+        problem = None if value is None else self.problem(value)
+        if problem:
+            raise MethodInputError(f"{name or self.flag} {problem}.")
 
 
 @dataclass(frozen=True)
@@ -184,7 +217,23 @@ def method_options(name: str, given: dict[str, Any] | None) -> dict[str, Any]:
         option = all_options().get(foreign[0])
         flag = option.flag if option else foreign[0]
         raise MethodInputError(f"{flag} is not a setting of init method {name!r}; remove it or choose another --init.")
+    for option in method.options:
+        option.check(given.get(option.name))
     return method.defaults() | given
+
+
+def inert_settings(name: str, given: dict[str, Any]) -> list[Option]:
+    """The given settings of method ``name`` that make it do nothing (``Option.inert``)."""
+    return [o for o in get_method(name).options if o.name in given and given[o.name] in o.inert]
+
+
+def warn_inert(name: str, given: dict[str, Any]) -> None:
+    for option in inert_settings(name, given):
+        warnings.warn(
+            f"{option.flag} {given[option.name]} makes init method {name!r} leave its start rows as they are: the "
+            "result is labelled with the method but is not its work.",
+            stacklevel=2,
+        )
 
 
 def check_source_matrix(source_matrix: torch.Tensor, ctx: InitContext) -> None:
@@ -340,6 +389,7 @@ def initialize_matrices(
     if "model" in spec.needs and ctx.model is None:
         raise MethodInputError(f"init method {method!r} runs the source model; it needs the loaded model.")
     ctx = replace(ctx, options=method_options(method, ctx.options))
+    warn_inert(method, ctx.options)  # here, where the method runs: once per run
     input_rows = _run(spec, _matrix(input_matrix), replace(ctx, space="input"))
     head_rows = None if head_matrix is None else _run(spec, _matrix(head_matrix), replace(ctx, space="head"))
     return input_rows, head_rows

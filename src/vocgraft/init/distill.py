@@ -84,23 +84,59 @@ MAX_Q = 1 - 1e-4  # q is clipped below 1 so that log(1 - q) stays finite
 NEGATIVES = 4  # per new token and teacher batch: contexts where another piece follows (bound q <= p(first piece))
 
 OPTIONS = (
-    Option("distill_snippets", 8, "distill: corpus snippets per new token (the paper uses 100)"),
-    Option("distill_length", 24, "distill: snippet length in target tokens, the new token in the middle (paper: 50)"),
-    Option("distill_epochs", 2, "distill: passes over the snippets (a row takes one step per batch with its token)"),
-    Option("distill_lr", 0.05, "distill: Adam learning rate, in units of the source rows' RMS"),
-    Option("distill_batch", 8, "distill: snippets per forward pass (smaller: more steps per row for the same work)"),
+    Option(
+        "distill_snippets", 8, "distill: corpus snippets per new token (the paper uses 100)", minimum=1, maximum=10_000
+    ),
+    Option(
+        "distill_length",
+        24,
+        "distill: snippet length in target tokens, the new token in the middle (paper: 50)",
+        minimum=1,
+        maximum=4096,
+    ),
+    Option(
+        "distill_epochs",
+        2,
+        "distill: passes over the snippets (a row takes one step per batch with its token)",
+        minimum=0,
+        maximum=1000,
+        inert=(0,),
+    ),
+    Option(
+        "distill_lr",
+        0.05,
+        "distill: Adam learning rate, in units of the source rows' RMS",
+        minimum=0,
+        above=True,
+        maximum=100,
+    ),
+    Option(
+        "distill_batch",
+        8,
+        "distill: snippets per forward pass (smaller: more steps per row for the same work)",
+        minimum=1,
+        maximum=4096,
+    ),
     Option(
         "distill_merge",
         "one",
         "distill: which new tokens a snippet spells with their new id: one (the snippet's own token, the paper's "
         "form) or all (ours: every new token, as the expanded tokenizer spells it)",
+        choices=MERGES,
     ),
-    Option("distill_start", "mean", "distill: start rows, and rows of tokens without snippets: mean or align"),
+    Option(
+        "distill_start",
+        "mean",
+        "distill: start rows, and rows of tokens without snippets: mean or align",
+        choices=STARTS,
+    ),
     Option(
         "distill_head_weight",
         1.0,
         "distill, tied head: weight of the output-calibration loss next to the distillation loss (0: input "
         "goal only, the paper's form)",
+        minimum=0,
+        maximum=1000,
     ),
     Option(
         "distill_target",
@@ -108,8 +144,15 @@ OPTIONS = (
         "distill: what new output rows are fitted to: sequence (p = the source's probability of the token's "
         "pieces) or takeover (the new token takes the share of its first piece's probability that goes on into "
         "it, so greedy decoding picks it where the source would spell it out)",
+        choices=TARGETS,
     ),
-    Option("distill_ridge", 0.3, "distill, untied head: pull of the head rows towards their first piece's row"),
+    Option(
+        "distill_ridge",
+        0.3,
+        "distill, untied head: pull of the head rows towards their first piece's row",
+        minimum=0,
+        maximum=1e6,
+    ),
     Option(
         "untie_head",
         True,

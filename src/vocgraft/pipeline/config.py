@@ -177,7 +177,12 @@ def check_methods(adapt: dict, inits: list[str], source: str = "config") -> None
 def validate(raw: dict, source: str = "config", config_file: str | Path | None = None) -> dict:
     """The config with every default filled in; ConfigError on unknown keys, wrong types or missing keys, or an
     ``out`` that is or holds an input, or is someone else's folder."""
-    config = _check(copy.deepcopy(raw), schema(), "", source)
+    raw = copy.deepcopy(raw)
+    adapt = raw.get("adapt") if isinstance(raw, dict) else None
+    if isinstance(adapt, dict) and isinstance(adapt.get("keep_marks"), bool):
+        # YAML 1.1 reads the README's own `keep_marks: on` (and off) as a boolean
+        adapt["keep_marks"] = "on" if adapt["keep_marks"] else "off"
+    config = _check(raw, schema(), "", source)
     adapt = config["adapt"]
     if adapt["mode"] not in MODES:
         raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
@@ -193,6 +198,13 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
         )
     if adapt["new_tokens"] <= 0:
         raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
+    from vocgraft.init import MethodInputError, all_options
+
+    for option in all_options().values():  # the ranges and choices each setting declares
+        try:
+            option.check(adapt[option.name], f"adapt.{option.name}")
+        except MethodInputError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     _check_placement(config, source)
     check_values(config, source)
     named = {key: config[key] for key in ("corpus", "heldout")}
@@ -235,13 +247,18 @@ def placement(config: dict, section: str) -> tuple[str, str]:
 
 
 def _check_placement(config: dict, source: str) -> None:
-    from vocgraft.devices import DTYPE_CHOICES
+    from vocgraft.devices import DTYPE_CHOICES, DeviceError, resolve_device
     from vocgraft.recipes.common import SURGERY_PATHS
 
     for where, section in [("", config), *((f"{name}.", config[name]) for name in PLACED_SECTIONS)]:
         if section is not None and section.get("dtype") is not None and section["dtype"] not in DTYPE_CHOICES:
             choices = ", ".join(DTYPE_CHOICES)
             raise ConfigError(f"{source}: {where}dtype must be one of {choices}; got {section['dtype']!r}.")
+        if section is not None and section.get("device") is not None:
+            try:  # a device that is not there fails now, not when its stage starts; named by the config's key
+                resolve_device(section["device"])
+            except DeviceError as exc:
+                raise ConfigError(f"{source}: {str(exc).replace('--device', f'{where}device')}") from None
     if config["adapt"]["surgery"] not in SURGERY_PATHS:
         raise ConfigError(f"{source}: adapt.surgery must be one of {', '.join(SURGERY_PATHS)}.")
     if config["train"] is not None and config["train"]["mixed_precision"] not in MIXED_PRECISION:
@@ -250,23 +267,24 @@ def _check_placement(config: dict, source: str) -> None:
 
 # section.key -> (test, what it must be): the ranges the CLI's flags have (preflight.RULES), for the YAML keys
 def _ranges() -> dict[str, tuple]:
-    from vocgraft.preflight import AT_LEAST_1, MIN_VOCAB, RULES
+    from vocgraft.preflight import MAX_COUNT, RULES
 
     return {
-        "sample": AT_LEAST_1,
+        "sample": RULES["sample"],
         "adapt.aux_vocab_size": RULES["aux_vocab_size"],
-        "adapt.vocab_size": (lambda v: v >= MIN_VOCAB, RULES["vocab_size"][1]),
-        "adapt.protect_lines": AT_LEAST_1,
+        "adapt.vocab_size": RULES["vocab_size"],
+        "adapt.protect_lines": RULES["max_lines"],
         **{f"train.{key}": RULES[key] for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "lr")},
         "train.warmup_steps": RULES["warmup_steps"],
-        "train.sample": AT_LEAST_1,
-        "train.val_lines": AT_LEAST_1,
-        "eval.limit": AT_LEAST_1,
+        "train.sample": RULES["sample"],
+        "train.val_lines": RULES["val_lines"],
+        "eval.limit": RULES["limit"],
         "eval.max_length": RULES["max_length"],
-        "eval.mt_limit": AT_LEAST_1,
+        "eval.mt_limit": RULES["mt_limit"],
         "eval.shots": RULES["shots"],
-        "eval.prompts": (lambda v: v >= 0, "at least 0"),
-        "eval.max_new_tokens": AT_LEAST_1,
+        "eval.prompts": (lambda v: 0 <= v <= MAX_COUNT, f"at least 0 and at most {MAX_COUNT:,}"),
+        "eval.max_new_tokens": RULES["max_new_tokens"],
+        "adapt.new_tokens": RULES["new_tokens"],
         "report.tolerance": RULES["tolerance"],
     }
 
@@ -301,8 +319,13 @@ def load_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file.")
+    from vocgraft.corpus import CorpusError, check_regular, read_utf8
+
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        check_regular(path, "config")
+        raw = yaml.safe_load(read_utf8(path))
+    except CorpusError as exc:  # a stream, or not UTF-8 text: named as a corpus would be
+        raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
     return validate(raw or {}, str(path), config_file=path)

@@ -64,7 +64,7 @@ def open_source(
     otherwise the model loaded whole in ``dtype`` on ``device``. ``surgery`` forces a path ("shards" refuses
     when it cannot be taken)."""
     from vocgraft.devices import resolve_device
-    from vocgraft.models import ModelLoadError, load_model, load_tokenizer, resolve
+    from vocgraft.models import ModelLoadError, check_tokenizer_fits, load_model, load_tokenizer, resolve
 
     if surgery not in SURGERY_PATHS:
         raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")
@@ -84,6 +84,7 @@ def open_source(
         else:
             source.check_fits()
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_spec)
+            check_tokenizer_fits(tokenizer, source.get_input_embeddings().weight.shape[0], model_spec)
             return source, tokenizer, {"path": "shards", "dtype": _dtype_of(source), "device": "cpu"}
     if surgery == "shards":
         raise SurgeryError(f"--surgery shards: cannot edit {model_spec} file by file: {why}; use --surgery auto.")

@@ -21,6 +21,7 @@ The directory ``save_pretrained`` writes under transformers 5 is read differentl
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,20 @@ CAUSAL_LM_INPUTS = ("input_ids", "attention_mask")
 _NOT_SETTINGS = ("auto_map", "vocab_file", "merges_file", "tokenizer_file", "is_local", "local_files_only")
 
 
+# how the tokenizers library reports a failed write: a bare Exception, "No space left on device (os error 28)"
+_RUST_OS_ERROR = re.compile(r"^(.*) \(os error (\d+)\)$")
+
+
 def save_portable(tokenizer: Any, folder: str | Path) -> None:
     """``tokenizer.save_pretrained(folder)``, then make its config readable by every supported version."""
     folder = Path(folder)
-    tokenizer.save_pretrained(folder)
+    try:
+        tokenizer.save_pretrained(folder)
+    except Exception as exc:  # noqa: BLE001  (the Rust library's I/O errors: made the OSError they are)
+        match = _RUST_OS_ERROR.match(str(exc))
+        if type(exc) is not Exception or match is None:
+            raise
+        raise OSError(int(match.group(2)), match.group(1), str(folder / "tokenizer.json")) from None
     make_portable(folder)
 
 
