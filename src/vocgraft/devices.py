@@ -198,7 +198,8 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def _matmul_seconds(dtype: torch.dtype, repeats: int) -> float:
+def matmul_seconds(dtype: torch.dtype, repeats: int) -> float:
+    """The best of ``repeats`` timings of the probe's matmul (:data:`PROBE_SHAPE`) in ``dtype``."""
     rows, inner, cols = PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(rows, inner, generator=generator).to(dtype)
@@ -218,7 +219,7 @@ def measure_cpu(dtype: torch.dtype) -> CpuSpeed:
     present = sorted(cpu_flags() & set(FAST_FLAGS.get(dtype, ())))
     if present:
         return CpuSpeed(None, f"{', '.join(present)} in /proc/cpuinfo")
-    slowdown = _matmul_seconds(dtype, 2) / _matmul_seconds(torch.float32, 5)
+    slowdown = matmul_seconds(dtype, 2) / matmul_seconds(torch.float32, 5)
     return CpuSpeed(slowdown, f"no {'/'.join(FAST_FLAGS[dtype][:2])} instructions; matmul probe")
 
 
