@@ -262,3 +262,15 @@ def test_the_memory_check_counts_the_compute_dtype(bf16_source, monkeypatch, cap
         assert model.dtype == torch.bfloat16
         assert main(["info", "--model", str(bf16_source)]) == 2
         assert "60x slower on this CPU, or use a GPU" in capsys.readouterr().err
+
+
+def test_an_explicit_bf16_autocast_on_a_slow_bf16_cpu_runs_with_a_warning(capsys):
+    cpu = torch.device("cpu")
+    with devices.pretend_cpu(SLOW):
+        assert devices.training_precision(torch.float32, cpu, "auto") == "no"
+        assert capsys.readouterr().err == ""
+        assert devices.training_precision(torch.float32, cpu, "bf16") == "bf16"
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--mixed-precision bf16 computes about 60x slower than float32 on this CPU" in err[0]
+    assert devices.training_precision(torch.float32, cpu, "bf16") == "bf16"
+    assert capsys.readouterr().err == ""

@@ -390,10 +390,11 @@ def training_precision(weights: torch.dtype, device: torch.device, requested: st
 
     auto: bf16 for bfloat16 weights, and on a GPU with bfloat16 for float32 ones (bf16 where supported); fp16 for
     float16 weights on a GPU (with a gradient scaler); otherwise no autocast. A CPU gets no fp16 autocast from
-    accelerate: float16 weights train there in float32 (:func:`frozen_dtype`)."""
+    accelerate: float16 weights train there in float32 (:func:`frozen_dtype`). On a CPU that emulates bfloat16,
+    auto's weights are float32 (:func:`choose_dtype`), so no autocast; an explicit bf16 runs, with a warning."""
     if requested not in MIXED_PRECISION:
         raise DeviceError(f"--mixed-precision {requested!r} is not one of {', '.join(MIXED_PRECISION)}.")
-    gpu = device.type == "cuda"
+    gpu, asked = device.type == "cuda", requested
     if requested == "auto":
         if weights == torch.bfloat16:
             requested = "bf16" if bf16_supported(device) else "fp16"
@@ -403,6 +404,12 @@ def training_precision(weights: torch.dtype, device: torch.device, requested: st
             requested = "bf16" if gpu and bf16_supported(device) else "no"
     if requested == "bf16" and not bf16_supported(device):
         raise DeviceError(f"--mixed-precision bf16: {device} has no bfloat16 support; use fp16 or no.")
+    if asked == "bf16" and device.type == "cpu" and not (speed := cpu_speed(torch.bfloat16)).fast:
+        print(
+            f"vocgraft: warning: --mixed-precision bf16 computes about {speed.slowdown:.0f}x slower than float32 on "
+            f"this CPU ({speed.basis}); --mixed-precision auto uses no autocast here.",
+            file=sys.stderr,
+        )
     if requested == "fp16" and not gpu:
         raise DeviceError(
             "--mixed-precision fp16 needs a GPU (accelerate has no fp16 autocast on a CPU); use bf16 or no."
