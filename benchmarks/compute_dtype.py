@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--train-lines", type=int, default=400, help="Greek training lines LAPT samples")
     parser.add_argument("--stored", nargs="+", default=["bfloat16", "float16"], help="checkpoint dtypes")
+    parser.add_argument("--name", default="compute_dtype", help="results/NAME.json and results/NAME.md")
     args = parser.parse_args()
     report = new_report("smollm2", args, load_before=load_average(), cpu=cpu_section(), arms=[])
     work = Path(tempfile.mkdtemp(prefix="compute-dtype-"))
@@ -126,8 +127,8 @@ def main() -> None:
     report["load_after"] = load_average()
     report["goals"] = goals(report["arms"])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compute_dtype.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "compute_dtype.md").write_text(markdown(report), encoding="utf-8")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report))
 
 
@@ -169,7 +170,7 @@ def markdown(report: dict) -> str:
         "bounds and ratios between arms are what to read.",
         "",
         f"CPU flags present: {present}; absent: {absent}. Probe matmul {'x'.join(map(str, cpu['probe_shape']))} "
-        "(GFLOP/s, best of 3, torch threads as above): "
+        "(GFLOP/s, one thread, best of 3): "
         + ", ".join(f"{k} {v}" for k, v in cpu["probe_matmul_gflops"].items())
         + ". Decision (`devices.measure_cpu`): "
         + "; ".join(f"{name}: {decision_text(d)}" for name, d in cpu["decision"].items()),

@@ -3,7 +3,7 @@
     device = resolve_device("auto")                         # a GPU when there is one, else the CPU
     choice = choose_dtype("auto", stored=torch.bfloat16, device=device)
     choice.storage, choice.compute   # bfloat16 is saved; a CPU without bf16 instructions computes in float32
-    check_fits(checkpoint_bytes(folder, dtype), device, "to load Llama-3 8B", hint="--dtype bfloat16")
+    check_fits(checkpoint_bytes(folder, choice.compute), device, "to load Llama-3 8B", hint="--dtype bfloat16")
 
 A dtype the device cannot run, a GPU that is not there and a model that will not fit are :class:`DeviceError`
 (a ValueError the CLI reports in one line), raised before anything is loaded. Sizes come from the safetensors
@@ -144,14 +144,13 @@ def choose_dtype(spec: str | torch.dtype | None, stored: torch.dtype | None, dev
     return DtypeChoice(storage, storage, f"{dtype_name(storage)}: {origin}")
 
 
-def warn_if_slow(choice: DtypeChoice, command: str = "") -> None:
+def warn_if_slow(choice: DtypeChoice) -> None:
     """One line on stderr when an explicitly named dtype is one this CPU emulates (it runs, slowly)."""
     if choice.slowdown is None:
         return
     name = dtype_name(choice.compute)
-    prefix = f"vocgraft {command}: " if command else "vocgraft: "
     print(
-        f"{prefix}warning: --dtype {name} computes about {choice.slowdown:.0f}x slower than float32 on this CPU "
+        f"vocgraft: warning: --dtype {name} computes about {choice.slowdown:.0f}x slower than float32 on this CPU "
         f"({cpu_speed(choice.compute).basis}); --dtype auto keeps {name} for saving and computes in float32 "
         "(twice the memory), or use a GPU.",
         file=sys.stderr,
@@ -168,7 +167,7 @@ FAST_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16"), torch.float16
 # a 16-bit dtype more than this much slower than float32 is computed in float32 (which costs twice the memory)
 SLOW_FACTOR = 1.5
 # the probe's matmul: a short batch of activations through a SmolLM2-sized MLP projection (hidden 576 -> 1536);
-# about 1 ms in float32, 0.1 s where a 16-bit dtype is emulated at ~1 GFLOP/s
+# about 1 ms in float32 on one core, 0.1 s where a 16-bit dtype is emulated at ~1 GFLOP/s
 PROBE_SHAPE = (64, 576, 1536)
 
 
@@ -199,28 +198,44 @@ def cpu_flags() -> set[str]:
 
 
 def matmul_seconds(dtype: torch.dtype, repeats: int) -> float:
-    """The best of ``repeats`` timings of the probe's matmul (:data:`PROBE_SHAPE`) in ``dtype``."""
+    """The best of ``repeats`` timings of the probe's matmul (:data:`PROBE_SHAPE`) in ``dtype``, on this thread."""
+    return matmul_ratio(dtype, repeats)[0]
+
+
+def matmul_ratio(dtype: torch.dtype, rounds: int = 2) -> tuple[float, float]:
+    """(best seconds in ``dtype``, best seconds in float32) of the probe's matmul, on one thread, in alternating
+    rounds so that both see the same load. One thread: an emulated dtype is slow per core, and a shared machine
+    disturbs one thread less than several that wait for each other. The best, not the mean: load only adds time."""
     rows, inner, cols = PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(rows, inner, generator=generator).to(dtype)
-    b = torch.randn(inner, cols, generator=generator).to(dtype)
-    a @ b  # the first call pays for kernel selection and allocation
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return max(best, 1e-9)
+    a32, b32 = torch.randn(rows, inner, generator=generator), torch.randn(inner, cols, generator=generator)
+    a, b = a32.to(dtype), b32.to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a[:1] @ b, a32[:1] @ b32  # the first calls pay for kernel selection (one row: cheap where emulated)
+        best, best32 = float("inf"), float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+            for _ in range(3):  # float32 is the cheap one: more tries at an undisturbed slice
+                start = time.perf_counter()
+                a32 @ b32
+                best32 = min(best32, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return max(best, 1e-9), max(best32, 1e-9)
 
 
 def measure_cpu(dtype: torch.dtype) -> CpuSpeed:
-    """The default probe: the CPU's flags when they name instructions for ``dtype``, else the best of a few matmuls
-    of :data:`PROBE_SHAPE` in ``dtype`` against float32 (the best, not the mean: a shared machine only adds time)."""
+    """The default probe: the CPU's flags when they name instructions for ``dtype``, else the matmul probe's time in
+    ``dtype`` over float32's (:func:`matmul_ratio`: about 0.25 s where the dtype is emulated, ms where it is not)."""
     present = sorted(cpu_flags() & set(FAST_FLAGS.get(dtype, ())))
     if present:
         return CpuSpeed(None, f"{', '.join(present)} in /proc/cpuinfo")
-    slowdown = matmul_seconds(dtype, 2) / matmul_seconds(torch.float32, 5)
-    return CpuSpeed(slowdown, f"no {'/'.join(FAST_FLAGS[dtype][:2])} instructions; matmul probe")
+    seconds, seconds32 = matmul_ratio(dtype)
+    return CpuSpeed(seconds / seconds32, f"no {'/'.join(FAST_FLAGS[dtype][:2])} instructions; matmul probe")
 
 
 CpuProbe = Callable[[torch.dtype], CpuSpeed]
