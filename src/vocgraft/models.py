@@ -237,10 +237,10 @@ def load_model(
 
     ``dtype``: "auto" = stored as the checkpoint stores it and computed in what ``device`` runs well, a named dtype,
     or a :class:`~vocgraft.devices.DtypeChoice` made for another device (a model loaded on the CPU that accelerate
-    then places). The model is loaded in the compute dtype and remembers its storage dtype (:func:`storage_dtype_of`),
-    which :func:`vocgraft.surgery.save_model_dir` saves it in. ``device``: where the model is put ("auto" = a GPU
-    when there is one). A device that is not there, a dtype it cannot run and a model that does not fit in its free
-    memory in the compute dtype (estimated from the safetensors headers) are refused before anything is loaded
+    then places). The model is loaded in the compute dtype and remembers the choice (:func:`dtype_choice_of`): its
+    storage dtype is what :func:`vocgraft.surgery.save_model_dir` saves. ``device``: where the model is put ("auto":
+    a GPU when there is one). A device that is not there, a dtype it cannot run and a model that does not fit in its
+    free memory in the compute dtype (estimated from the safetensors headers) are refused before anything is loaded
     (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory message). ``tokenizer``: the spec's
     tokenizer when the caller has already loaded it (it is not loaded again)."""
     from safetensors import SafetensorError

@@ -465,11 +465,10 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
     if device.type == "cuda" and not launched:
         torch.cuda.set_device(device)  # accelerate's single-process device is the current one
     if prepared is not None:
-        stored = dtype_choice_of(prepared.model).storage
+        choice = dtype_choice_of(prepared.model)  # made by the caller's load for this device
     else:
         where = resolve(config.model)
-        stored = stored_dtype(where) if Path(where).is_dir() else None
-    choice = choose_dtype(config.dtype, stored, device)
+        choice = choose_dtype(config.dtype, stored_dtype(where) if Path(where).is_dir() else None, device)
     mixed = training_precision(choice.compute, device, config.mixed_precision)
     if config.mixed_precision == "auto" and os.environ.get("ACCELERATE_MIXED_PRECISION"):
         mixed = None  # the launcher's setting (accelerate launch --mixed_precision / its config) wins over auto
