@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,20 @@ def main() -> None:
     args = parser.parse_args()
     report = new_report("smollm2", args, load_before=load_average(), cpu=cpu_section(), arms=[])
     work = Path(tempfile.mkdtemp(prefix="compute-dtype-"))
+    try:
+        measure(args, report, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report["load_after"] = load_average()
+    report["goals"] = goals(report["arms"])
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+
+
+def measure(args, report: dict, work: Path) -> None:
+    """Every arm of every checkpoint dtype, appended to ``report["arms"]``."""
     heldout, corpus = work / "heldout.txt", work / "train.txt"
     heldout.write_text("\n".join(read_lines(SHARED_CORPORA / "el" / "heldout.txt", limit=args.lines)) + "\n")
     corpus.write_text("\n".join(read_lines(SHARED_CORPORA / "el" / "train.txt", limit=args.train_lines)) + "\n")
@@ -112,6 +127,7 @@ def main() -> None:
                      "--max-steps", str(args.steps), "--seq-len", str(args.seq_len), "--batch-size",
                      str(args.batch_size), "--val-lines", "8", "--dtype", arm]  # fmt: skip
             row["lapt_seconds"] = run(train, log)
+            row["lapt_notes"] = notes(log)
             summary = json.loads((trained / "train_log.json").read_text())["summary"]
             row["lapt_train_seconds"] = summary["train_seconds"]
             row["lapt_precision"] = summary["precision"]
@@ -124,12 +140,6 @@ def main() -> None:
             row["lapt_bits_per_byte"] = json.loads(after.read_text())["bpb"]["bits_per_byte"]
             report["arms"].append(row)
             print(json.dumps(row), file=sys.stderr)
-    report["load_after"] = load_average()
-    report["goals"] = goals(report["arms"])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
 
 
 def goals(arms: list[dict]) -> dict:
@@ -202,7 +212,7 @@ def markdown(report: dict) -> str:
             f"bits/byte auto - float32 {g['bpb_auto_minus_float32']:+.2e} "
             f"({'met' if g['bpb_goal_met'] else 'NOT met'})."
         )
-    notes_seen = sorted({n for a in report["arms"] for n in a["eval_notes"]})
+    notes_seen = sorted({n for a in report["arms"] for n in a["eval_notes"] + a.get("lapt_notes", [])})
     if notes_seen:
         lines += ["", "What the commands said about their dtype:", ""] + [f"- `{n}`" for n in notes_seen]
     lines += ["", "Rerun: `.venv/bin/python benchmarks/compute_dtype.py` (best on otherwise idle cores).", ""]
