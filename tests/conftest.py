@@ -47,3 +47,15 @@ def sp_source_tokenizer():
     from vocgraft.tokenization.train import train_tokenizer
 
     return train_tokenizer(read_lines(corpus_path("en"), limit=300), "sp-bpe", 600)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_computes_16_bit_dtypes_natively():
+    """Every test runs on a pretended CPU with bfloat16 and float16 instructions, whatever this machine has, so a
+    test's dtypes do not depend on where it runs; tests of the other kind of CPU say so with
+    ``devices.pretend_cpu(slowdown)``, and the real probe has tests of its own (test_devices.py)."""
+    from vocgraft import devices
+
+    previous = devices.set_cpu_probe(lambda dtype: devices.CpuSpeed(None, "tests: native 16-bit instructions"))
+    yield
+    devices.set_cpu_probe(previous)

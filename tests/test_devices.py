@@ -135,3 +135,142 @@ def test_info_reports_dtype_and_device(source, capsys):
     assert main(["info", "--model", str(source / "source"), "--dtype", "bfloat16", "--device", "cpu"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["dtype"] == "bfloat16" and info["device"] == "cpu"
+
+
+# ---------------------------------------------------------------- storage dtype != compute dtype on a CPU
+
+
+SLOW = 60.0  # a CPU that emulates bfloat16 and float16 (AVX2 only): the measured 61x, rounded
+
+
+@pytest.fixture(scope="module")
+def bf16_source(source, tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("bf16") / "source"
+    AutoModelForCausalLM.from_pretrained(source / "source").to(torch.bfloat16).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source / "source").save_pretrained(folder)
+    return folder
+
+
+def test_a_cpu_without_fast_bf16_computes_16_bit_checkpoints_in_float32_and_keeps_their_dtype_for_saving():
+    cpu = torch.device("cpu")
+    with devices.pretend_cpu(SLOW, "no avx512_bf16 (pretended)"):
+        for stored in (torch.bfloat16, torch.float16):
+            choice = devices.choose_dtype("auto", stored, cpu)
+            assert (choice.storage, choice.compute, choice.slowdown) == (stored, torch.float32, None)
+            assert f"60x slower (no avx512_bf16 (pretended)); {devices.dtype_name(stored)} is kept for saving" in (
+                choice.why
+            )
+            assert devices.resolve_dtype("auto", stored, cpu) == torch.float32
+        assert devices.choose_dtype("auto", torch.float32, cpu).compute == torch.float32
+        # a named dtype is what the user asked for: it runs, and the caller warns with the measured slowdown
+        explicit = devices.choose_dtype("bfloat16", torch.bfloat16, cpu)
+        assert (explicit.storage, explicit.compute, explicit.slowdown) == (torch.bfloat16, torch.bfloat16, SLOW)
+        assert devices.choose_dtype("float32", torch.bfloat16, cpu).slowdown is None
+        # --mixed-precision auto follows: float32 weights on a CPU get no autocast
+        assert devices.training_precision(devices.resolve_dtype("auto", torch.bfloat16, cpu), cpu) == "no"
+
+
+def test_a_cpu_with_fast_bf16_computes_in_the_stored_dtype():
+    cpu = torch.device("cpu")
+    for slowdown in (None, 0.4, devices.SLOW_FACTOR):  # flags name the instructions, or the probe finds it fast
+        with devices.pretend_cpu(slowdown):
+            choice = devices.choose_dtype("auto", torch.bfloat16, cpu)
+            assert (choice.storage, choice.compute) == (torch.bfloat16, torch.bfloat16)
+            assert choice.why == "bfloat16: the checkpoint's dtype"
+            assert devices.choose_dtype("bfloat16", None, cpu).slowdown is None
+            assert devices.training_precision(choice.compute, cpu) == "bf16"
+
+
+def test_a_gpu_keeps_its_rule_whatever_the_cpu(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    with devices.pretend_cpu(SLOW):
+        monkeypatch.setattr(devices, "bf16_supported", lambda device: True)
+        assert devices.choose_dtype("auto", torch.bfloat16, gpu).compute == torch.bfloat16
+        monkeypatch.setattr(devices, "bf16_supported", lambda device: False)
+        choice = devices.choose_dtype("auto", torch.bfloat16, gpu)
+        assert (choice.storage, choice.compute) == (torch.bfloat16, torch.float16)
+
+
+def test_the_cpu_is_measured_once_per_process():
+    calls = []
+
+    def probe(dtype):
+        calls.append(dtype)
+        return devices.CpuSpeed(SLOW, "counted")
+
+    previous = devices.set_cpu_probe(probe)
+    try:
+        for _ in range(3):
+            devices.choose_dtype("auto", torch.bfloat16, torch.device("cpu"))
+            devices.choose_dtype("auto", torch.float16, torch.device("cpu"))
+        assert calls == [torch.bfloat16, torch.float16]
+    finally:
+        devices.set_cpu_probe(previous)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_real_probe_decides_by_flags_or_by_a_quick_matmul(dtype, monkeypatch):
+    import time
+
+    start = time.perf_counter()
+    speed = devices.measure_cpu(dtype)  # this machine's own answer, by whichever route it takes
+    assert speed.slowdown is None or speed.slowdown > 0
+    monkeypatch.setattr(devices, "cpu_flags", lambda: set())  # no flags: the matmul decides
+    probed = devices.measure_cpu(dtype)
+    assert time.perf_counter() - start < 2.0  # both calls; one is well under a second even where dtype is emulated
+    assert probed.slowdown is not None and 0 < probed.slowdown < 1e4 and "matmul probe" in probed.basis
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"fpu", *devices.FAST_FLAGS[dtype][:1]})
+    flagged = devices.measure_cpu(dtype)
+    assert flagged.fast and flagged.slowdown is None and devices.FAST_FLAGS[dtype][0] in flagged.basis
+
+
+def test_loading_a_bf16_checkpoint_on_a_slow_bf16_cpu(bf16_source, capsys):
+    from vocgraft.models import describe, load_model
+
+    with devices.pretend_cpu(SLOW):
+        model, tokenizer = load_model(bf16_source)
+        err = capsys.readouterr().err
+        assert model.dtype == torch.float32 and "computing in float32: this CPU computes bfloat16 60x slower" in err
+        info = describe(model, tokenizer)
+        assert (info.dtype, info.storage_dtype) == ("float32", "bfloat16")
+        # an explicit slow dtype runs, with one warning line naming the measured slowdown and the way out
+        model, _ = load_model(bf16_source, "bfloat16")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert model.dtype == torch.bfloat16 and len(err) == 1
+        assert "warning: --dtype bfloat16 computes about 60x slower than float32 on this CPU" in err[0]
+        assert "--dtype auto keeps bfloat16 for saving and computes in float32" in err[0]
+    model, _ = load_model(bf16_source)  # a CPU with bf16 instructions (the suite's pretended one)
+    assert model.dtype == torch.bfloat16 and capsys.readouterr().err == ""
+
+
+def test_the_memory_check_counts_the_compute_dtype(bf16_source, monkeypatch, capsys):
+    from vocgraft.models import load_model
+
+    stored = devices.checkpoint_bytes(bf16_source)
+    # room for the bfloat16 weights, not for a float32 copy of them
+    monkeypatch.setattr(devices, "available_memory", lambda device: devices.LOAD_OVERHEAD + stored * 3 // 2)
+    load_model(bf16_source)  # computed in bfloat16: fits
+    with devices.pretend_cpu(SLOW):
+        with pytest.raises(DeviceError) as caught:
+            load_model(bf16_source)
+        message = str(caught.value)
+        assert "loading" in message and "in float32 needs about" in message
+        assert "--dtype bfloat16 needs half of that but computes about 60x slower on this CPU, or use a GPU" in message
+        model, _ = load_model(bf16_source, "bfloat16")  # the way out it names works
+        assert model.dtype == torch.bfloat16
+        assert main(["info", "--model", str(bf16_source)]) == 2
+        assert "60x slower on this CPU, or use a GPU" in capsys.readouterr().err
+
+
+def test_an_explicit_bf16_autocast_on_a_slow_bf16_cpu_runs_with_a_warning(capsys):
+    cpu = torch.device("cpu")
+    with devices.pretend_cpu(SLOW):
+        assert devices.training_precision(torch.float32, cpu, "auto") == "no"
+        assert capsys.readouterr().err == ""
+        assert devices.training_precision(torch.float32, cpu, "bf16") == "bf16"
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--mixed-precision bf16 computes about 60x slower than float32 on this CPU" in err[0]
+    assert devices.training_precision(torch.float32, cpu, "bf16") == "bf16"
+    assert capsys.readouterr().err == ""

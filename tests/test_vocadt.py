@@ -345,6 +345,29 @@ def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model
     assert info["rows"] >= info["len"] and info["generated"] == 3 and info["tied"] == (form == "shared")
 
 
+def test_vocadt_of_a_bfloat16_source_on_a_cpu_without_bf16_trains_in_float32_and_saves_bfloat16(tiny_source, tmp_path):
+    from vocgraft import devices
+    from vocgraft.devices import checkpoint_tensors
+
+    source = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_source / "source").to(torch.bfloat16).save_pretrained(source)
+    AutoTokenizer.from_pretrained(tiny_source / "source").save_pretrained(source)
+    out = tmp_path / "out"
+    args = ["vocadt", "--model", str(source), "--corpus", str(tiny_source / "el.txt"), "--vocab-size", "700",
+            "--max-candidates", "8", "--seq-len", "32", "--batch-size", "2", "--max-steps", "2", "--val-lines", "8",
+            "--out", str(out)]  # fmt: skip
+    with devices.pretend_cpu(60.0):
+        assert main(args) == 0
+    summary = json.loads((out / "train_log.json").read_text())["summary"]
+    assert (summary["dtype"], summary["mixed_precision"]) == ("float32", "no")
+    assert summary["precision"]["storage"] == "bfloat16"
+    assert {entry.dtype for entry in checkpoint_tensors(out).values()} == {torch.bfloat16}
+    before = AutoModelForCausalLM.from_pretrained(source).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    frozen = [k for k in before if "embed_tokens" not in k and "lm_head" not in k]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)  # bfloat16 -> float32 -> bfloat16
+
+
 def test_vocadt_cli_errors(tiny_source, tmp_path, capsys):
     common = ["vocadt", "--model", str(tiny_source / "source"), "--vocab-size", "700", "--max-steps", "1"]
     bad_weights = common + ["--corpus", str(tiny_source / "el.txt"), "--corpus-weights", "1", "2"]

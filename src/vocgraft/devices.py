@@ -1,12 +1,18 @@
 """Where a model runs and in which precision: ``--device`` and ``--dtype`` resolved once, checked before any work.
 
     device = resolve_device("auto")                         # a GPU when there is one, else the CPU
-    dtype = resolve_dtype("auto", stored=torch.bfloat16, device=device)   # auto: as the checkpoint stores it
-    check_fits(checkpoint_bytes(folder, dtype), device, "to load Llama-3 8B", hint="--dtype bfloat16")
+    choice = choose_dtype("auto", stored=torch.bfloat16, device=device)
+    choice.storage, choice.compute   # bfloat16 is saved; a CPU without bf16 instructions computes in float32
+    check_fits(checkpoint_bytes(folder, choice.compute), device, "to load Llama-3 8B", hint="--dtype bfloat16")
 
 A dtype the device cannot run, a GPU that is not there and a model that will not fit are :class:`DeviceError`
 (a ValueError the CLI reports in one line), raised before anything is loaded. Sizes come from the safetensors
 headers (:func:`checkpoint_tensors`), never from loading the weights.
+
+Storage dtype and compute dtype are two things (:class:`DtypeChoice`): what is saved keeps the checkpoint's dtype,
+what computes takes the dtype the device runs well. A CPU without bfloat16 (or float16) instructions emulates them
+some 60x slower than float32, so there ``auto`` computes a 16-bit checkpoint in float32; whether this CPU is such a
+CPU is decided once per process (:func:`cpu_speed`: its flags, else a matmul probe of well under a second).
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,23 +97,177 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(spec: str | torch.dtype | None, stored: torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto`` -> the dtype the checkpoint stores (``stored``; float32 when unknown), else the named dtype.
+    """The dtype a model computes in on ``device``: :attr:`DtypeChoice.compute` of :func:`choose_dtype`."""
+    return choose_dtype(spec, stored, device).compute
 
-    An explicit dtype the device cannot run is refused (:func:`check_dtype_runs`); ``auto`` on a GPU without
-    bfloat16 takes float16 for a bfloat16 checkpoint instead (same size; the user did not ask for bfloat16)."""
-    if isinstance(spec, torch.dtype):
-        dtype = spec
-    elif spec in (None, "auto"):
-        dtype = stored if stored in DTYPES.values() else torch.float32
-        if dtype == torch.bfloat16 and not bf16_supported(device):
-            dtype = torch.float16  # same size, and the GPU computes in it; an explicit bfloat16 is refused below
-        return dtype
-    elif spec in DTYPES:
-        dtype = DTYPES[spec]
-    else:
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """What ``--dtype`` resolved to: ``storage`` is what is saved (and held where memory is the limit, the shard
+    path), ``compute`` what the model runs in here; ``why`` says so in one line (command output, manifests)."""
+
+    storage: torch.dtype
+    compute: torch.dtype
+    why: str
+    slowdown: float | None = None  # an explicit 16-bit dtype on a CPU that emulates it: its measured slowdown
+
+    def to_dict(self) -> dict:
+        return {"storage": dtype_name(self.storage), "compute": dtype_name(self.compute), "why": self.why}
+
+
+def choose_dtype(spec: str | torch.dtype | None, stored: torch.dtype | None, device: torch.device) -> DtypeChoice:
+    """``auto``: store as the checkpoint does (``stored``; float32 when unknown) and compute in that dtype where the
+    device runs it well: a GPU without bfloat16 computes a bfloat16 checkpoint in float16 (same size), a CPU that
+    emulates a 16-bit dtype (:func:`cpu_speed`) computes in float32 (twice the memory, some 60x faster).
+
+    A named dtype is both stored and computed in; one the device cannot run is refused (:func:`check_dtype_runs`),
+    one a CPU emulates runs, with :attr:`DtypeChoice.slowdown` set for the caller's warning (:func:`warn_if_slow`)."""
+    if isinstance(spec, torch.dtype) or spec in DTYPES:
+        dtype = spec if isinstance(spec, torch.dtype) else DTYPES[spec]
+        check_dtype_runs(dtype, device)
+        if device.type == "cpu" and dtype in SIXTEEN_BIT and not (speed := cpu_speed(dtype)).fast:
+            why = f"{dtype_name(dtype)} as asked, {speed.slowdown:.0f}x slower than float32 on this CPU ({speed.basis})"
+            return DtypeChoice(dtype, dtype, why, slowdown=speed.slowdown)
+        return DtypeChoice(dtype, dtype, f"{dtype_name(dtype)} as asked")
+    if spec not in (None, "auto"):
         raise DeviceError(f"--dtype {spec!r} is not one of {', '.join(DTYPE_CHOICES)}.")
-    check_dtype_runs(dtype, device)
-    return dtype
+    storage = stored if stored in DTYPES.values() else torch.float32
+    origin = "the checkpoint's dtype" if stored in DTYPES.values() else "the checkpoint's dtype is unknown"
+    if storage == torch.bfloat16 and not bf16_supported(device):
+        # same size, and the GPU computes in it; an explicit bfloat16 is refused above
+        return DtypeChoice(storage, torch.float16, f"float16: {device} has no bfloat16; bfloat16 is kept for saving")
+    if device.type == "cpu" and storage in SIXTEEN_BIT and not (speed := cpu_speed(storage)).fast:
+        why = (
+            f"float32: this CPU computes {dtype_name(storage)} {speed.slowdown:.0f}x slower ({speed.basis}); "
+            f"{dtype_name(storage)} is kept for saving"
+        )
+        return DtypeChoice(storage, torch.float32, why)
+    return DtypeChoice(storage, storage, f"{dtype_name(storage)}: {origin}")
+
+
+def warn_if_slow(choice: DtypeChoice) -> None:
+    """One line on stderr when an explicitly named dtype is one this CPU emulates (it runs, slowly)."""
+    if choice.slowdown is None:
+        return
+    name = dtype_name(choice.compute)
+    print(
+        f"vocgraft: warning: --dtype {name} computes about {choice.slowdown:.0f}x slower than float32 on this CPU "
+        f"({cpu_speed(choice.compute).basis}); --dtype auto keeps {name} for saving and computes in float32 "
+        "(twice the memory), or use a GPU.",
+        file=sys.stderr,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# how fast this CPU computes 16-bit dtypes
+
+
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+# /proc/cpuinfo flags (x86 "flags", ARM "Features") of instructions that compute the dtype natively
+FAST_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+# a 16-bit dtype more than this much slower than float32 is computed in float32 (which costs twice the memory)
+SLOW_FACTOR = 1.5
+# the probe's matmul: a short batch of activations through a SmolLM2-sized MLP projection (hidden 576 -> 1536);
+# about 1 ms in float32 on one core, 0.1 s where a 16-bit dtype is emulated at ~1 GFLOP/s
+PROBE_SHAPE = (64, 576, 1536)
+
+
+@dataclass(frozen=True)
+class CpuSpeed:
+    """How this CPU computes a 16-bit dtype: ``slowdown`` = its matmul time over float32's (None: not measured,
+    the CPU's flags name instructions for it); ``basis`` says how that was decided."""
+
+    slowdown: float | None
+    basis: str
+
+    @property
+    def fast(self) -> bool:
+        return self.slowdown is None or self.slowdown <= SLOW_FACTOR
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def matmul_seconds(dtype: torch.dtype, repeats: int) -> float:
+    """The best of ``repeats`` timings of the probe's matmul (:data:`PROBE_SHAPE`) in ``dtype``, on this thread."""
+    return matmul_ratio(dtype, repeats)[0]
+
+
+def matmul_ratio(dtype: torch.dtype, rounds: int = 2) -> tuple[float, float]:
+    """(best seconds in ``dtype``, best seconds in float32) of the probe's matmul, on one thread, in alternating
+    rounds so that both see the same load. One thread: an emulated dtype is slow per core, and a shared machine
+    disturbs one thread less than several that wait for each other. The best, not the mean: load only adds time."""
+    rows, inner, cols = PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(rows, inner, generator=generator), torch.randn(inner, cols, generator=generator)
+    a, b = a32.to(dtype), b32.to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a[:1] @ b, a32[:1] @ b32  # the first calls pay for kernel selection (one row: cheap where emulated)
+        best, best32 = float("inf"), float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+            for _ in range(3):  # float32 is the cheap one: more tries at an undisturbed slice
+                start = time.perf_counter()
+                a32 @ b32
+                best32 = min(best32, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return max(best, 1e-9), max(best32, 1e-9)
+
+
+def measure_cpu(dtype: torch.dtype) -> CpuSpeed:
+    """The default probe: the CPU's flags when they name instructions for ``dtype``, else the matmul probe's time in
+    ``dtype`` over float32's (:func:`matmul_ratio`: about 0.25 s where the dtype is emulated, ms where it is not)."""
+    present = sorted(cpu_flags() & set(FAST_FLAGS.get(dtype, ())))
+    if present:
+        return CpuSpeed(None, f"{', '.join(present)} in /proc/cpuinfo")
+    seconds, seconds32 = matmul_ratio(dtype)
+    return CpuSpeed(seconds / seconds32, f"no {'/'.join(FAST_FLAGS[dtype][:2])} instructions; matmul probe")
+
+
+CpuProbe = Callable[[torch.dtype], CpuSpeed]
+_probe: CpuProbe = measure_cpu
+_speeds: dict[torch.dtype, CpuSpeed] = {}
+
+
+def cpu_speed(dtype: torch.dtype) -> CpuSpeed:
+    """How this CPU computes ``dtype``, decided once per process (the probe's answer is cached)."""
+    if dtype not in _speeds:
+        _speeds[dtype] = _probe(dtype)
+    return _speeds[dtype]
+
+
+def set_cpu_probe(probe: CpuProbe | None) -> CpuProbe:
+    """Replace how :func:`cpu_speed` decides (None: the default :func:`measure_cpu`) and forget what it decided;
+    returns the probe it replaced. Tests pretend a CPU with or without fast bfloat16 this way."""
+    global _probe
+    previous, _probe = _probe, probe or measure_cpu
+    _speeds.clear()
+    return previous
+
+
+@contextmanager
+def pretend_cpu(slowdown: float | None, basis: str = "pretended") -> Iterator[None]:
+    """Within the block, this CPU computes every 16-bit dtype ``slowdown`` times slower than float32 (None: fast)."""
+    previous = set_cpu_probe(lambda dtype: CpuSpeed(slowdown, basis))
+    try:
+        yield
+    finally:
+        set_cpu_probe(previous)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -280,10 +444,11 @@ def training_precision(weights: torch.dtype, device: torch.device, requested: st
 
     auto: bf16 for bfloat16 weights, and on a GPU with bfloat16 for float32 ones (bf16 where supported); fp16 for
     float16 weights on a GPU (with a gradient scaler); otherwise no autocast. A CPU gets no fp16 autocast from
-    accelerate: float16 weights train there in float32 (:func:`frozen_dtype`)."""
+    accelerate: float16 weights train there in float32 (:func:`frozen_dtype`). On a CPU that emulates bfloat16,
+    auto's weights are float32 (:func:`choose_dtype`), so no autocast; an explicit bf16 runs, with a warning."""
     if requested not in MIXED_PRECISION:
         raise DeviceError(f"--mixed-precision {requested!r} is not one of {', '.join(MIXED_PRECISION)}.")
-    gpu = device.type == "cuda"
+    gpu, asked = device.type == "cuda", requested
     if requested == "auto":
         if weights == torch.bfloat16:
             requested = "bf16" if bf16_supported(device) else "fp16"
@@ -293,6 +458,12 @@ def training_precision(weights: torch.dtype, device: torch.device, requested: st
             requested = "bf16" if gpu and bf16_supported(device) else "no"
     if requested == "bf16" and not bf16_supported(device):
         raise DeviceError(f"--mixed-precision bf16: {device} has no bfloat16 support; use fp16 or no.")
+    if asked == "bf16" and device.type == "cpu" and not (speed := cpu_speed(torch.bfloat16)).fast:
+        print(
+            f"vocgraft: warning: --mixed-precision bf16 computes about {speed.slowdown:.0f}x slower than float32 on "
+            f"this CPU ({speed.basis}); --mixed-precision auto uses no autocast here.",
+            file=sys.stderr,
+        )
     if requested == "fp16" and not gpu:
         raise DeviceError(
             "--mixed-precision fp16 needs a GPU (accelerate has no fp16 autocast on a CPU); use bf16 or no."

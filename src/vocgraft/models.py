@@ -14,12 +14,14 @@ import shutil
 import struct
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.devices import DtypeChoice
 from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
@@ -362,9 +364,21 @@ def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"{files} is corrupt or truncated ({exc}); re-download or re-save the model.")
 
 
+def dtype_choice(spec: str | os.PathLike, dtype, device) -> DtypeChoice:
+    """How model ``spec`` is stored and what it computes in on ``device`` for ``--dtype`` ``dtype``
+    (:func:`vocgraft.devices.choose_dtype`; the stored dtype from the safetensors headers of a local model)."""
+    from vocgraft.devices import DtypeChoice, choose_dtype, resolve_device, stored_dtype
+
+    if isinstance(dtype, DtypeChoice):
+        return dtype
+    where = resolve(spec)
+    stored = stored_dtype(where) if Path(where).is_dir() else None
+    return choose_dtype(dtype, stored, resolve_device(device))
+
+
 def load_model(
     spec: str | os.PathLike,
-    dtype: str | torch.dtype = "auto",
+    dtype: str | torch.dtype | DtypeChoice = "auto",
     device: str | torch.device = "cpu",
     *,
     tokenizer=None,
@@ -372,34 +386,34 @@ def load_model(
 ):
     """Load ``(model, tokenizer)`` from a directory, hub id, GGUF file or alias; the model is in eval mode.
 
-    ``dtype``: the weights' dtype, "auto" = as the checkpoint stores them (:func:`vocgraft.devices.resolve_dtype`);
-    ``device``: where the model is put ("auto" = a GPU when there is one). A device that is not there, a dtype it
-    cannot run and a model that does not fit in its free memory (estimated from the safetensors headers) are
-    refused before anything is loaded (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory
-    message). ``tokenizer``: the spec's tokenizer when the caller has already loaded it (it is not loaded again)."""
+    ``dtype``: "auto" = stored as the checkpoint stores it and computed in what ``device`` runs well, a named dtype,
+    or a :class:`~vocgraft.devices.DtypeChoice` made for another device (a model loaded on the CPU that accelerate
+    then places). The model is loaded in the compute dtype and remembers the choice (:func:`dtype_choice_of`): its
+    storage dtype is what :func:`vocgraft.surgery.save_model_dir` saves. ``device``: where the model is put ("auto":
+    a GPU when there is one). A device that is not there, a dtype it cannot run and a model that does not fit in its
+    free memory in the compute dtype (estimated from the safetensors headers) are refused before anything is loaded
+    (:class:`vocgraft.devices.DeviceError`; ``hint`` is added to the memory message). ``tokenizer``: the spec's
+    tokenizer when the caller has already loaded it (it is not loaded again)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    from vocgraft.devices import check_fits, dtype_name, load_estimate, resolve_device, resolve_dtype, stored_dtype
+    from vocgraft.devices import check_fits, choose_dtype, dtype_name, load_estimate, resolve_device, stored_dtype
 
     where = resolve(spec)
     target = resolve_device(device)
     local = Path(where).is_dir()
     stored = stored_dtype(where) if local else None
-    if stored is None and dtype in (None, "auto"):
+    choice = dtype if isinstance(dtype, DtypeChoice) else choose_dtype(dtype, stored, target)
+    unknown = stored is None and dtype in (None, "auto")
+    if unknown:
         torch_dtype: str | torch.dtype = "auto"  # a hub id: transformers reads the dtype from the checkpoint
     else:
-        torch_dtype = resolve_dtype(dtype, stored, target)
+        torch_dtype = choice.compute
         if local:
-            hints = [hint] if hint else []
-            if torch_dtype == torch.float32:
-                hints.insert(0, "--dtype bfloat16 needs half of that")
             check_fits(
-                load_estimate(where, torch_dtype),
-                target,
-                f"loading {spec} in {dtype_name(torch_dtype)}",
-                "; ".join(hints),
-            )
+                load_estimate(where, torch_dtype), target, f"loading {spec} in {dtype_name(torch_dtype)}",
+                "; ".join(filter(None, [_smaller_dtype_hint(choice, target), hint])),
+            )  # fmt: skip
     placement = {"device_map": {"": str(target)}} if target.type != "cpu" else {}
     check_hub_reachable(where)
     if tokenizer is None:
@@ -424,10 +438,76 @@ def load_model(
             f"files (first: {missing[0]}); the config and the weights belong to different models."
         )
     check_model_rows(model, tokenizer, spec)
-    if torch_dtype == "auto":  # now that the dtype is known, the device must be able to run it
-        model = model.to(resolve_dtype("auto", model.dtype, target))
+    if unknown:  # now that the dtype is known, the device must be able to run it
+        choice = choose_dtype("auto", model.dtype, target)
+        model = model.to(choice.compute)
+    _announce(choice)
+    setattr(model, STORAGE_ATTRIBUTE, choice)
     model.eval()
     return model, tokenizer
+
+
+# the DtypeChoice a loaded model was made with, kept on the model so that saving it restores its storage dtype
+STORAGE_ATTRIBUTE = "vocgraft_dtype_choice"
+
+
+def dtype_choice_of(model) -> DtypeChoice:
+    """The :class:`~vocgraft.devices.DtypeChoice` :func:`load_model` loaded ``model`` with (a model made otherwise
+    stores and computes in its own dtype)."""
+    from vocgraft.devices import DtypeChoice, dtype_name
+
+    choice = getattr(model, STORAGE_ATTRIBUTE, None)
+    if choice is None:
+        own = model.get_input_embeddings().weight.dtype
+        choice = DtypeChoice(own, own, f"{dtype_name(own)}: the model's own dtype")
+    return choice
+
+
+@contextmanager
+def in_storage_dtype(model):
+    """``model``'s weights in the dtype they are saved in for the block (a bfloat16 checkpoint computed in float32
+    is saved in bfloat16: its copied rows come back bit for bit), in the compute dtype again after it."""
+    choice = dtype_choice_of(model)
+    if choice.compute == choice.storage:
+        yield model
+        return
+    _cast_parameters(model, choice.compute, choice.storage)
+    try:
+        yield model
+    finally:
+        _cast_parameters(model, choice.storage, choice.compute)
+
+
+def _cast_parameters(model, source: torch.dtype, target: torch.dtype) -> None:
+    for param in model.parameters():  # a tied weight once; buffers (rotary frequencies) stay as they are
+        if param.dtype == source:
+            param.data = param.data.to(target)
+
+
+def _announce(choice: DtypeChoice) -> None:
+    """Say on stderr what a model computes in when that is not what it is stored in, or warn about a slow one."""
+    import sys
+
+    from vocgraft.devices import warn_if_slow
+
+    if choice.compute != choice.storage:
+        print(f"vocgraft: computing in {choice.why}", file=sys.stderr)
+    warn_if_slow(choice)
+
+
+def _smaller_dtype_hint(choice: DtypeChoice, device: torch.device) -> str:
+    """The way out of a memory check that fails: a 16-bit dtype, and what it costs where the device emulates it."""
+    from vocgraft.devices import cpu_speed, dtype_name
+
+    if choice.compute != torch.float32:
+        return ""
+    if choice.storage == torch.float32 or device.type != "cpu":
+        return "--dtype bfloat16 needs half of that"
+    slowdown = cpu_speed(choice.storage).slowdown or 1.0
+    return (
+        f"--dtype {dtype_name(choice.storage)} needs half of that but computes about {slowdown:.0f}x slower on this "
+        "CPU, or use a GPU"
+    )
 
 
 @dataclass
@@ -440,8 +520,10 @@ class ModelInfo:
     layers: int
     tied_head: bool
     tokenizer_kind: str
-    dtype: str = "float32"
+    dtype: str = "float32"  # what it computes in
     device: str = "cpu"
+    storage_dtype: str = "float32"  # what it is saved in (:func:`dtype_choice_of`)
+    dtype_why: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -466,6 +548,8 @@ def describe(model, tokenizer) -> ModelInfo:
         tokenizer_kind=tokenizer_family(tokenizer),
         dtype=str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
         device=str(model.get_input_embeddings().weight.device),
+        storage_dtype=str(dtype_choice_of(model).storage).removeprefix("torch."),
+        dtype_why=dtype_choice_of(model).why,
     )
 
 

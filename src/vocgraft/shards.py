@@ -39,8 +39,8 @@ from vocgraft.devices import (
     TensorEntry,
     check_fits,
     checkpoint_tensors,
+    choose_dtype,
     read_header,
-    resolve_dtype,
     safetensors_files,
     stored_dtype,
 )
@@ -115,7 +115,8 @@ class ShardedModel:
         from vocgraft.compat import dtype_kwargs
 
         folder = Path(where)
-        torch_dtype = resolve_dtype(dtype, stored_dtype(folder), torch.device("cpu"))
+        # the storage dtype: nothing computes here but the init method, on float32 copies of the rows it reads
+        torch_dtype = choose_dtype(dtype, stored_dtype(folder), torch.device("cpu")).storage
         try:
             skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
         except RuntimeError as exc:  # a tensor whose shape config.json does not give: the file is named

@@ -305,6 +305,8 @@ def save_model_dir(
 
     Refuses to overwrite an existing ``out_dir`` unless ``overwrite``; a failure leaves no directory behind.
     """
+    from vocgraft.models import dtype_choice_of, in_storage_dtype
+
     out = check_writable(out_dir, overwrite)  # before any work
     rows = model.get_input_embeddings().weight.shape[0]
     needed = id_range(tokenizer)  # every id the tokenizer can produce needs a row, gaps in its ids included
@@ -320,13 +322,15 @@ def save_model_dir(
         "vocab_size": rows,
         "tokenizer_length": len(tokenizer),
         "tied": head is not None and head.weight is model.get_input_embeddings().weight,
-        "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
+        "dtype": str(dtype_choice_of(model).storage).removeprefix("torch."),
+        "precision": dtype_choice_of(model).to_dict(),  # stored vs computed in, and why
     }
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         if write_weights is not None:
             write_weights(tmp)
         else:
-            model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
+            with in_storage_dtype(model):  # a model computed in float32 is saved in its checkpoint's dtype
+                model.save_pretrained(tmp)  # transformers >= 5 always writes safetensors
         save_portable(tokenizer, tmp)
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json_text(data), encoding="utf-8")

@@ -58,7 +58,7 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     """Build the adapters, train them, save the merged model to ``config.out``; returns the training summary
     with the adapter's facts under ``"vocadt"``."""
     from vocgraft.corpus import read_corpus
-    from vocgraft.models import load_model, load_tokenizer
+    from vocgraft.models import dtype_choice, load_model, load_tokenizer
     from vocgraft.outdir import check_writable
     from vocgraft.plan import VocabPlan
     from vocgraft.recipes.replace import target_tokenizer_for
@@ -85,7 +85,8 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
     timings = {}
     start = time.perf_counter()
-    model, source_tokenizer = load_model(config.model, config.dtype, "cpu")  # accelerate places it
+    # loaded on the CPU for accelerate to place, in the dtype the training device computes well
+    model, source_tokenizer = load_model(config.model, dtype_choice(config.model, config.dtype, config.device), "cpu")
     given = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
     lines = [] if given else read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
     target = target_tokenizer_for(

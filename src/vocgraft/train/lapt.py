@@ -317,7 +317,8 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     _check_config(config)
     check_writable(config.out, config.overwrite)  # fail before any work
     wall_start = time.perf_counter()
-    accelerator, weights_dtype = _accelerator(config, prepared)
+    accelerator, precision = _accelerator(config, prepared)
+    weights_dtype = precision.compute  # what trains and computes; saved in precision.storage
     sharded = is_sharded(accelerator)
     if sharded and prepared is not None:
         raise TrainingError("VocADT adapters cannot be trained under FSDP/DeepSpeed ZeRO; use one GPU or DDP.")
@@ -336,7 +337,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     if prepared is None:
         # straight onto this process's device (prepare would move it there anyway); sharded runs shard from the CPU
         place = "cpu" if sharded else accelerator.device
-        model, tokenizer = load_model(config.model, weights_dtype, place)
+        model, tokenizer = load_model(config.model, precision, place)
         info = describe(model, tokenizer).to_dict()
     else:
         model, tokenizer, info = prepared.model, prepared.tokenizer, {"model": config.model}
@@ -468,6 +469,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         "peak_rss_mib": peak_rss_mib(),
         "dtype": dtype_name(weights_dtype),
         "mixed_precision": accelerator.mixed_precision,
+        "precision": {**precision.to_dict(), "mixed_precision": accelerator.mixed_precision},
         "device": str(accelerator.device),
         "gradient_checkpointing": config.gradient_checkpointing,
         "torch_threads": torch.get_num_threads(),
@@ -484,13 +486,14 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
 
 
 def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
-    """(Accelerator, the weights' dtype): the device (``config.device``), the weights' dtype (``config.dtype``: auto
-    is the checkpoint's own) and the mixed precision that suits them (:func:`vocgraft.devices.training_precision`),
-    all checked before anything is loaded."""
+    """(Accelerator, the weights' :class:`~vocgraft.devices.DtypeChoice`): the device (``config.device``), the
+    weights' dtype (``config.dtype``: auto stores as the checkpoint does and computes in what the device runs well,
+    :func:`vocgraft.devices.choose_dtype`) and the mixed precision that suits them
+    (:func:`vocgraft.devices.training_precision`), all checked before anything is loaded."""
     from accelerate import Accelerator
 
-    from vocgraft.devices import resolve_device, resolve_dtype, stored_dtype, training_precision
-    from vocgraft.models import resolve
+    from vocgraft.devices import choose_dtype, resolve_device, stored_dtype, training_precision
+    from vocgraft.models import dtype_choice_of, resolve
 
     launched = "LOCAL_RANK" in os.environ  # accelerate launch / torchrun: the launcher assigns each process its GPU
     if launched and config.device != "auto":
@@ -500,12 +503,11 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
     if device.type == "cuda" and not launched:
         torch.cuda.set_device(device)  # accelerate's single-process device is the current one
     if prepared is not None:
-        stored = prepared.model.get_input_embeddings().weight.dtype
+        choice = dtype_choice_of(prepared.model)  # made by the caller's load for this device
     else:
         where = resolve(config.model)
-        stored = stored_dtype(where) if Path(where).is_dir() else None
-    weights = resolve_dtype(config.dtype, stored, device)
-    mixed = training_precision(weights, device, config.mixed_precision)
+        choice = choose_dtype(config.dtype, stored_dtype(where) if Path(where).is_dir() else None, device)
+    mixed = training_precision(choice.compute, device, config.mixed_precision)
     if config.mixed_precision == "auto" and os.environ.get("ACCELERATE_MIXED_PRECISION"):
         mixed = None  # the launcher's setting (accelerate launch --mixed_precision / its config) wins over auto
     if not launched:
@@ -516,7 +518,7 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
         AcceleratorState._reset_state(reset_partial_state=True)
     # on a machine without GPUs, processes of a multi-process launch talk over gloo: accelerate only picks that
     # when told the run is a CPU run
-    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), weights
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), choice
 
 
 def _save_trained(
