@@ -1,10 +1,8 @@
-"""Distillation init: snippets by hand, the distillation loss, calibrated output rows, recipes, determinism."""
+"""Distillation init: snippets by hand, the distillation loss, output rows fitted to the canonical next token,
+recipes, determinism."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from tiny import (
@@ -19,19 +17,17 @@ from tiny import (
 
 from vocgraft.cli import main
 from vocgraft.init import METHODS, InitContext, get_method, initialize, method_options
-from vocgraft.init.distill import (
-    Calibration,
-    PieceTable,
-    _calibration_pairs,
-    _pieces,
-    _vocab,
-    calibration_loss_and_grad,
-    collect_snippets,
-    distill_loss,
+from vocgraft.init.distill import _vocab
+from vocgraft.init.distill.input_rows import distill_loss, teacher_targets, train_input_rows
+from vocgraft.init.distill.output_rows import (
+    CanonicalText,
+    canonical_text,
+    canonical_windows,
+    ce_loss_and_grad,
     fit_head_rows,
-    teacher_pass,
-    train_input_rows,
+    student_states,
 )
+from vocgraft.init.distill.snippets import collect_snippets
 from vocgraft.init.mean import mean_rows
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import init_and_graft
@@ -95,8 +91,8 @@ def test_a_snippet_spells_the_line_both_ways_and_matches_from_the_first_new_toke
     n = len(the)
     assert snip.loss_student.tolist() == list(range(n + 1, n + 2 + len(is_)))
     assert snip.loss_teacher.tolist() == list(range(n + 5, n + 6 + len(is_)))
-    # contexts for the output rows: the prefix, then each target token's end in the teacher
-    assert snip.contexts.tolist() == [0, *range(1, n + 1), n + 5, *range(n + 6, n + 6 + len(is_))]
+    # the output rows are fitted on the window as the expanded tokenizer spells it: here the student itself
+    assert snip.canonical.tolist() == snip.student.tolist()
     assert got[lam] == 1 and got.sum() == 1
 
 
@@ -118,105 +114,99 @@ def test_the_papers_form_merges_only_the_snippets_own_token(source, target, plan
     assert second.student.tolist() == [source.bos_token_id, l_, lam_piece, a_, alpha, -(1 + space_lam)]
     assert second.loss_student.tolist() == [5] and second.loss_teacher.tolist() == [9]
     assert got[lam] == got[space_lam] == 1
+    # both snippets come from one window, spelled canonically once for the output rows
+    canonical = [source.bos_token_id, -(1 + lam), -(1 + space_lam)]
+    assert first.canonical.tolist() == second.canonical.tolist() == canonical
+    assert [w.tolist() for w in canonical_windows(snippets, 100)] == [canonical]
 
 
-# --- output calibration
-# -------------------------------------------------------------------------------------------------
+# --- output rows
+# ---------------------------------------------------------------------------------------------------------
 
 
-def test_calibration_targets_are_the_teachers_probabilities_of_the_pieces():
-    """Hand-made logits over 4 old tokens: q read off the teacher, exact or an upper bound."""
+def reference_ce(rows, text: CanonicalText) -> torch.Tensor:
+    """The cross-entropy by autograd's definition: the full logit vector [old logits, new logits], where the old
+    ones enter through their log-sum-exp and the target's logit."""
+    raw = text.hidden.double() @ rows.T + text.bias
+    new = text.cap * torch.tanh(raw / text.cap) if text.cap else raw
+    lse = torch.logaddexp(text.old_lse.double(), torch.logsumexp(new, dim=1))
+    is_new = text.target >= 0
+    picked = torch.where(is_new, new.gather(1, text.target.clamp(min=0).unsqueeze(1)).squeeze(1),
+                         text.old_target_logit.double())  # fmt: skip
+    return (lse - picked).mean()
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_cross_entropy_and_its_gradient_match_autograd(cap):
     torch.manual_seed(0)
-    logits = torch.randn(1, 4, 4)  # one sequence: prefix, then pieces 1, 2, 3
-    teacher = torch.tensor([[0, 1, 2, 3]])
-    lengths = torch.tensor([4])
-    # new tokens: (1, 2) follows exactly; (1, 3) differs only in its last piece; (1, 3, 2) differs earlier;
-    # (2, 1) starts with another piece (not a candidate at context 0)
-    table = PieceTable([[1, 2], [1, 3], [1, 3, 2], [2, 1]], np.ones(4, dtype=bool))
-    ctx, tok, lse, log_odds, exact, log_first = _calibration_pairs(
-        logits, teacher, lengths, np.array([0]), np.array([0]), table, 0, np.random.default_rng(0)
+    n, k, d = 50, 4, 6
+    text = CanonicalText(
+        torch.randn(n, d), torch.randint(-1, k, (n,)), torch.randn(n), torch.randn(n) + 2, bias=0.3, cap=cap
     )
-    logp = torch.log_softmax(logits[0], dim=-1)
-    q = {0: logp[0, 1] + logp[1, 2], 1: logp[0, 1] + logp[1, 3], 2: logp[0, 1] + logp[1, 3]}  # 2: a bound
-    got = {int(t): (float(o), bool(e)) for t, o, e in zip(tok, log_odds, exact)}
-    assert set(got) == {0, 1, 2} and [got[t][1] for t in range(3)] == [True, True, False]
-    for t, log_q in q.items():
-        assert got[t][0] == pytest.approx(float(log_q - torch.log1p(-log_q.exp())), rel=1e-5)
-    assert np.allclose(lse, float(torch.logsumexp(logits[0, 0], dim=-1)))
-    assert np.allclose(log_first, float(logp[0, 1]))  # every pair here starts with piece 1 at context 0
+    rows = torch.randn(k, d)
+    anchor = torch.randn(k, d)
+    loss, grad = ce_loss_and_grad(rows, text, anchor, ridge=0.1)
+    x = rows.double().requires_grad_(True)
+    want = reference_ce(x, text) + 0.1 * (x - anchor.double()).square().sum()
+    want.backward()
+    assert float(loss) == pytest.approx(float(want.detach()), rel=1e-5)
+    torch.testing.assert_close(grad.double(), x.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_takeover_target_gives_the_token_its_first_pieces_continuing_share():
-    """q = p1 * r: the new logit sits at lse + log q - log(1 - r), so p(new) / p(first piece) = q / (p1 - q);
-    a negative (first piece log prob 0) keeps the sequence target."""
-    p1, r = 0.6, 0.75
-    q = p1 * r
-    log_q = torch.tensor([math.log(q), math.log(0.2)])
-    cal = Calibration(
-        torch.zeros(1, 2),
-        torch.zeros(2, dtype=torch.long),
-        torch.zeros(2, dtype=torch.long),
-        torch.zeros(2),
-        log_q - torch.log1p(-log_q.exp()),
-        torch.tensor([True, False]),
-        torch.tensor([math.log(p1), 0.0]),
-    )
-    odds = cal.targeting("takeover").log_odds
-    # by hand: old logits normalized to lse 0, so the new token's logit is its log odds; first piece's is log p1
-    assert math.exp(float(odds[0])) / p1 == pytest.approx(q / (p1 - q), rel=1e-5)
-    assert float(odds[0]) == pytest.approx(math.log(0.45) - math.log(0.25), rel=1e-5)
-    assert float(odds[1]) == pytest.approx(float(cal.log_odds[1]))
-    assert cal.targeting("sequence") is cal
-    with pytest.raises(ValueError, match="distill-target"):
-        cal.targeting("bigger")
+def test_fitted_rows_win_the_argmax_where_the_canonical_text_has_the_new_token():
+    """Positions of two kinds (the hidden state says which): after kind A the text goes on with new token 0,
+    after kind B with an old token. The first piece's old logit is the largest at both, as a source model that
+    spells the word with pieces has it; the fit makes token 0 the argmax after A only."""
+    torch.manual_seed(0)
+    d = 8
+    a, b = torch.randn(d), torch.randn(d)
+    hidden = torch.cat([a + 0.05 * torch.randn(40, d), b + 0.05 * torch.randn(40, d)])
+    target = torch.tensor([0] * 40 + [-1] * 40)
+    first_piece_logit = torch.full((80,), 5.0)  # the old argmax everywhere
+    old_lse = torch.logaddexp(first_piece_logit, torch.tensor(3.0))
+    text = CanonicalText(hidden, target, torch.where(target < 0, 5.0, 0.0), old_lse)
+    anchor = torch.zeros(2, d)
+    rows, stats = fit_head_rows(text, anchor, ridge=0.01)
+    new_logit = hidden @ rows[0]
+    assert (new_logit[:40] > first_piece_logit[:40]).all()
+    assert (new_logit[40:] < first_piece_logit[40:]).all()
+    assert stats["head_ce_end"] < 0.5 * stats["head_ce_start"]
+    assert float((hidden @ rows[1]).mean()) < 0  # a token never in the text is pushed below its anchor (0)
 
 
-def test_fitted_rows_give_the_target_probabilities_and_respect_bounds():
-    torch.manual_seed(1)
-    hidden = torch.randn(6, 8)
-    q = torch.tensor([0.3, 0.05, 0.6, 0.2, 0.9, 0.01])
-    # token 0: three exact targets; token 1: two exact and one bound
-    cal = Calibration(
-        hidden,
-        torch.arange(6),
-        torch.tensor([0, 0, 0, 1, 1, 1]),
-        torch.randn(6),
-        torch.log(q) - torch.log1p(-q),
-        torch.tensor([True, True, True, True, True, False]),
-    )
-    anchor = torch.zeros(2, 8)
-    rows, stats = fit_head_rows(cal, anchor, torch.tensor([True, True]), ridge=1e-8, bias=0.0, iterations=500)
-    p = torch.sigmoid((hidden * rows[cal.token]).sum(dim=1) - cal.lse)
-    torch.testing.assert_close(p[:5], q[:5], atol=1e-3, rtol=1e-3)
-    assert p[5] <= q[5] + 1e-3
-    assert stats["calibration_kl_end"] < 1e-5 < stats["calibration_kl_start"]
-    held = fit_head_rows(cal, anchor + 1, torch.tensor([False, True]), ridge=1e-8, bias=0.0)[0]
-    assert torch.equal(held[0], anchor[0] + 1)  # a row without evidence stays where it started
-
-
-def test_calibrated_head_gives_the_new_token_the_sources_probability_of_its_pieces(source, target, plan):
-    """End to end on a tiny untied model: at the prefix of "λα", p(new token) = q from the source by hand."""
+def test_canonical_text_reads_the_models_own_logits(source):
+    """The fixed part of the loss is the model's logits at the student's states: log-sum-exp and the old
+    target's logit, by a plain forward pass; new targets are indexed into the new rows."""
     model = tiny_llama(len(source), tied=False)
-    corpus = ["λα"] * 4
-    ctx = ctx_for(plan, source, target, corpus, None, distill_ridge=1e-9)
-    _, head_rows = initialize(model, "distill", ctx)
-    bos = source.bos_token_id
+    torch.manual_seed(0)
+    new_rows = torch.randn(3, model.config.hidden_size)
+    window = torch.tensor([source.bos_token_id, 5, -1, 7, -3, 9])  # new rows 0 and 2 in it
+    hidden, next_ids = student_states(model, [window.numpy()], new_rows, batch=4, show_progress=False)
+    text = canonical_text(model, model.get_output_embeddings().weight.detach(), hidden, next_ids)
+    assert text.target.tolist() == [0, -1, 2, -1]
     with torch.no_grad():
-        out = model(torch.tensor([[bos, *ids(source, "Î", "»", "Î", "±")]]))
-        logp = torch.log_softmax(out.logits[0].double(), dim=-1)
-        hidden = model.model(torch.tensor([[bos]])).last_hidden_state[0, 0].double()
-    lse = torch.logsumexp(out.logits[0, 0].double(), dim=-1)
-    l_, lam, a_, alpha = ids(source, "Î", "»", "Î", "±")
-    expected = {
-        "Î»": logp[0, l_] + logp[1, lam],
-        "Î±": logp[0, l_] + logp[1, a_],  # its last piece differs from the text: still exact
-        "Î»Î±": logp[0, l_] + logp[1, lam] + logp[2, a_] + logp[3, alpha],
-    }
-    for token, log_q in expected.items():
-        row = head_rows[new_index(plan, target, token)].double()
-        logit = hidden @ row
-        p_new = torch.exp(logit - torch.logaddexp(lse, logit))  # next to the old logits only, as fitted
-        assert float(p_new) == pytest.approx(float(log_q.exp()), rel=1e-3), token
+        emb = model.get_input_embeddings().weight
+        inputs = torch.stack([emb[source.bos_token_id], emb[5], new_rows[0], emb[7], new_rows[2], emb[9]])
+        logits = model(inputs_embeds=inputs.unsqueeze(0)).logits[0, 1:5]
+    torch.testing.assert_close(text.old_lse, torch.logsumexp(logits, dim=1), rtol=1e-5, atol=1e-5)
+    assert float(text.old_target_logit[1]) == pytest.approx(float(logits[1, 7]), rel=1e-5)
+    assert float(text.old_target_logit[3]) == pytest.approx(float(logits[3, 9]), rel=1e-5)
+
+
+def test_head_rows_lower_the_canonical_cross_entropy_of_the_expanded_model(source, greek):
+    """End to end on a tiny untied model: the fitted head rows give the held-in canonical text a lower
+    cross-entropy than their anchors (first piece rows) and than Mean head rows, measured with the model itself."""
+    el, target, plan, _ = greek
+    model = tiny_llama(len(source), tied=False)
+    ctx = ctx_for(plan, source, target, el, model)
+    input_rows, head_rows = initialize(model, "distill", ctx)
+    stats = ctx.resources["distill_stats"]["head"]
+    assert stats["head_ce_end"] < stats["head_ce_start"] and stats["rows_seen"] > 0
+    windows = canonical_windows(ctx.resources["distill_data"]["snippets"], 10_000)
+    hidden, next_ids = student_states(model, windows, input_rows, batch=8, show_progress=False)
+    text = canonical_text(model, model.get_output_embeddings().weight.detach(), hidden, next_ids)
+    mean_head = mean_rows(model.get_output_embeddings().weight, plan, source, plan.new_ids, target_tokenizer=target)
+    assert float(ce_loss_and_grad(head_rows, text)[0]) < float(ce_loss_and_grad(mean_head, text)[0])
 
 
 # --- the distillation
@@ -245,8 +235,7 @@ def test_distillation_lowers_its_loss_and_never_writes_to_the_model(source, gree
     vocab = _vocab(ctx)
     snippets, got = collect_snippets(el, source, target, vocab, per_token=2, length=12, merge="all", seed=0,
                                      show_progress=False)  # fmt: skip
-    table = PieceTable([[0]] * len(plan.new_ids), np.zeros(len(plan.new_ids), dtype=bool))
-    targets, _ = teacher_pass(model, snippets, table, batch=8, negatives=0, seed=0, show_progress=False)
+    targets = teacher_targets(model, snippets, batch=8, show_progress=False)
     start = mean_rows(model.get_input_embeddings().weight, plan, source, plan.new_ids, target_tokenizer=target)
     trainable = torch.from_numpy(got > 0)
     rows, history = train_input_rows(model, snippets, targets, start, trainable, epochs=4, batch=8, lr=0.05,
@@ -271,21 +260,20 @@ def test_rows_are_deterministic_for_a_seed(source, greek):
 
 
 def test_tied_head_weight_trades_the_two_goals(source, greek):
-    """With one row for both goals, weighing in the calibration loss lowers it below the input goal alone."""
+    """With one row for both goals, weighing in the next-token loss lowers it below the input goal alone."""
     el, target, plan, model = greek
     ctx = ctx_for(plan, source, target, el, model)
-    vocab = _vocab(ctx)
-    snippets, _ = collect_snippets(el, source, target, vocab, per_token=2, length=12, merge="all", seed=0,
-                                   show_progress=False)  # fmt: skip
-    cal = teacher_pass(model, snippets, PieceTable(_pieces(ctx)[0], vocab.trainable), batch=8, negatives=4, seed=0,
-                       show_progress=False)[1]  # fmt: skip
+    initialize(model, "distill", ctx)
+    windows = canonical_windows(ctx.resources["distill_data"]["snippets"], 10_000)
 
-    def calibration_error(weight: float) -> float:
+    def next_token_loss(weight: float) -> float:
         options = {"distill_head_weight": weight, "distill_epochs": 2}
         rows, _ = initialize(model, "distill", ctx_for(plan, source, target, el, model, **options))
-        return float(calibration_loss_and_grad(rows, cal)[0])
+        hidden, next_ids = student_states(model, windows, rows, batch=8, show_progress=False)
+        text = canonical_text(model, model.get_input_embeddings().weight.detach(), hidden, next_ids)
+        return float(ce_loss_and_grad(rows, text)[0])
 
-    assert calibration_error(10.0) < 0.9 * calibration_error(0.0)
+    assert next_token_loss(10.0) < next_token_loss(0.0)
 
 
 # --- families, modes, recipes
@@ -349,7 +337,7 @@ def test_expand_cli_saves_a_model_plain_transformers_reloads_and_generates_with(
 @pytest.mark.parametrize("tied", [True, False])
 def test_expansion_of_a_sentencepiece_source_finds_snippets_and_trains(tied):
     """The SentencePiece family in expand mode: both spellings of a line align (the word-start marker), so the
-    new tokens get snippets, calibration pairs, and rows that moved from their start."""
+    new tokens get snippets, canonical windows for the output rows, and rows that moved from their start."""
     from vocgraft.tokenization.expand import expand_tokenizer
     from vocgraft.tokenization.train import train_tokenizer
 
@@ -362,7 +350,8 @@ def test_expansion_of_a_sentencepiece_source_finds_snippets_and_trains(tied):
     ctx = InitContext(plan, source, target, corpus=el, options=FAST)
     input_rows, head_rows = initialize(model, "distill", ctx)
     stats = ctx.resources["distill_stats"]
-    assert stats["tokens_trained"] > 0.5 * len(plan.new_ids) and stats["calibration_exact_pairs"] > 0
+    assert stats["tokens_trained"] > 0.5 * len(plan.new_ids)
+    assert tied or stats["head"]["new_target_positions"] > 0
     start = mean_rows(model.get_input_embeddings().weight, plan, source, plan.new_ids, target_tokenizer=target)
     assert (input_rows != start).any(dim=1).sum() >= stats["tokens_trained"] // 2
     assert (head_rows is None) == tied
