@@ -3,11 +3,15 @@
 Per language: one auxiliary tokenizer on the training sample, then for each k an expanded tokenizer, and for each
 init (``--inits``; ``distill`` variants as ``name=key:value,key:value`` over its settings) a fresh SmolLM2 expanded
 by ``vocgraft.recipes.expand``'s own path (``init_and_graft``, so ``untie_head`` unties the model as the CLI does).
-Measured: bits/byte on held-out lines (with the uniform reference), the share of new tokens in greedy generation
-on held-out prompts, and next to it the share of *tokens* (not types) that are new when the expanded tokenizer
-encodes held-out text, plus the init's wall time and what the method reported.
+Measured: bits/byte on held-out lines (with the uniform reference) and, from the same logits, the teacher-forced
+argmax rate of the new tokens; greedy generation on held-out prompts with the canonical use of the new tokens
+(``vocgraft.eval.canonical_use``: new ids emitted / new ids in the canonical re-encoding of the same text); the
+share of *tokens* (not types) that are new when the expanded tokenizer encodes held-out text; and the init's wall
+time with its parts (teacher pass, input rows, output rows) as the method reported them.
 
-    nice -n 10 .venv/bin/python benchmarks/distill.py [--langs el hi] [--ks 100 1000] [--eval-lines 300]
+    .venv/bin/python benchmarks/distill.py [--langs el hi] [--ks 100 1000] [--eval-lines 300]
+
+Run it with the cores otherwise idle (it uses every core; init times are what the 15-minute goal is read against).
 
 ``--resume`` keeps the runs already in ``--out``.json (same language, k and label, the same expanded tokenizer:
 its held-out new-token share must match) and runs the rest; ``--redo LABEL`` runs a label again (a method whose
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,7 +34,7 @@ from common import new_report
 from vocgraft.cli import SHARED_CORPORA, write_json
 from vocgraft.corpus import read_lines
 from vocgraft.eval import bits_per_byte, encode_lines
-from vocgraft.eval.generation import GREEDY, generate_one, prompts_from_lines
+from vocgraft.eval.generation import GREEDY, generate_one, generation_speed, prompts_from_lines
 from vocgraft.init import method_options
 from vocgraft.models import load_model
 from vocgraft.plan import VocabPlan
@@ -40,16 +45,13 @@ from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.scripts import dominant_scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SMALL = "distill_snippets:4,distill_length:16"  # k=1000 on a shared CPU: half the snippets, shorter ones
 INITS = [
     "mean",
     "align",
-    "distill@100",
-    "distill-takeover@100=distill_target:takeover",
-    "distill-tied@100=untie_head:false",
-    f"distill@1000={SMALL}",
-    f"distill-takeover@1000={SMALL},distill_target:takeover",
-    "distill-paper@100@el=untie_head:false,distill_head_weight:0,distill_merge:one",
+    "distill@100",  # the paper's snippet form (distill_merge one): ~8 snippets per token, too slow at k=1000
+    "distill-all=distill_merge:all",
+    "distill-all-meaninput=distill_merge:all,distill_epochs:0",  # Mean input rows + fitted output rows
+    "distill-all-tied@100=distill_merge:all,untie_head:false",
 ]
 
 
@@ -81,23 +83,16 @@ def new_token_share(tokenizer, lines, new_ids) -> float:
     return sum(t in new for t in ids) / max(len(ids), 1)
 
 
-def greedy(model, tokenizer, prompts, max_new_tokens: int, new_ids=None, expanded=None) -> dict:
-    """Greedy continuations (``generate_one``, as ``generation_speed`` runs them): the share of generated text
-    tokens that are new ids, and the share the expanded tokenizer gives the generated *text* when it re-encodes
-    it (what the model would emit if it spelled its own output the way the tokenizer does)."""
+def greedy(model, tokenizer, prompts, max_new_tokens: int, new_ids=None) -> dict:
+    """Greedy continuations as ``generation_speed`` runs them, with the canonical use of the new tokens; for the
+    source (no ``new_ids``) its texts instead, which the expanded tokenizers re-encode."""
+    if new_ids is not None:
+        return generation_speed(model, tokenizer, prompts, sampled=False, max_new_tokens=max_new_tokens,
+                                new_token_ids=new_ids)  # fmt: skip
     eos = tokenizer.eos_token_id
-    texts, tokens, new = [], 0, 0
-    for prompt in prompts:
-        ids = [t for t in generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY) if t != eos]
-        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
-        tokens += len(ids)
-        new += sum(t in new_ids for t in ids) if new_ids else 0
-    out = {"tokens": tokens, "chars": sum(map(len, texts)), "texts": texts}
-    out["chars_per_token"] = out["chars"] / max(tokens, 1)
-    out["new_token_share"] = new / max(tokens, 1) if new_ids else None
-    if expanded is not None:
-        out["retokenized_new_share"] = new_token_share(expanded, texts, new_ids)
-    return out
+    generated = [[t for t in generate_one(model, tokenizer, p, max_new_tokens, GREEDY) if t != eos] for p in prompts]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
+    return {"texts": texts, "chars_per_token": sum(map(len, texts)) / max(sum(map(len, generated)), 1)}
 
 
 def run_one(args, label, method, options, source_tokenizer, tokenizer, plan, aux, train, heldout, prompts, cache):
@@ -109,9 +104,9 @@ def run_one(args, label, method, options, source_tokenizer, tokenizer, plan, aux
         if key in resources:
             cache[key] = resources[key]
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    bpb = bits_per_byte(model, tokenizer, heldout, show_progress=False)
     new_ids = set(plan.new_ids)
-    generated = greedy(model, tokenizer, prompts, args.max_new_tokens, new_ids, tokenizer)
+    bpb = bits_per_byte(model, tokenizer, heldout, show_progress=False, new_token_ids=new_ids)
+    generated = greedy(model, tokenizer, prompts, args.max_new_tokens, new_ids)
     stats = method_stats(resources)
     return {
         "init": label,
@@ -136,7 +131,7 @@ def main() -> None:
     parser.add_argument("--eval-lines", type=int, default=300)
     parser.add_argument("--prompts", type=int, default=20, help="held-out lines after the evaluation lines")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared 2-core machine: 1)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
     parser.add_argument("--out", default=str(RESULTS / "distill"))
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out.json")
     parser.add_argument("--redo", nargs="*", default=[], help="labels to run again even with --resume")
@@ -208,11 +203,11 @@ def main() -> None:
                 run |= {"k": k, "tokenizer_new_share": share, "wall_seconds": time.perf_counter() - start}
                 run["commit"] = commit
                 entry["runs"].append(run)
+                rate = run["greedy"]["canonical_rate"]
                 print(
                     f"{lang} k={k} {label}: {run['bpb']['bits_per_byte']:.3f} bits/byte "
                     f"({run['bpb']['bits_per_byte'] / entry['source']['bits_per_byte'] - 1:+.1%} vs source), "
-                    f"greedy new share {run['greedy']['new_token_share']:.3f} (tokenizer {share:.3f}, on its own "
-                    f"output {run['greedy']['retokenized_new_share']:.3f}), "
+                    f"greedy canonical rate {'-' if rate is None else f'{rate:.2f}'}, "
                     f"init {run['init_seconds']:.0f} s",
                     flush=True,
                 )
@@ -224,12 +219,15 @@ def write_markdown(report: dict, path: str) -> None:
     a = report["args"]
     parts = [
         f"# Distillation init vs Mean and Align: {report['model']}, right after initialization\n",
-        f"{report['machine']}, {report['date']}. {a['train_lines']} training lines, auxiliary BPE of "
-        f"{a['aux_vocab_size']} tokens, bits/byte on the first held-out lines (count per language), greedy "
-        f"generation ({a['max_new_tokens']} tokens at most) on prompts cut from the held-out lines after them. "
-        "'greedy share': the share of new tokens in what the model generates; 'tokenizer share': the share of "
-        "the held-out text's tokens that are new under the expanded tokenizer; 'own text share': the share the "
-        "expanded tokenizer gives the model's generated text when it re-encodes it.\n",
+        f"{report['machine']}, {report['date']}, torch threads {a['threads']}. {a['train_lines']} training lines, "
+        f"auxiliary BPE of {a['aux_vocab_size']} tokens, bits/byte on the first held-out lines (count per "
+        f"language), greedy generation ({a['max_new_tokens']} tokens at most) on prompts cut from the held-out "
+        "lines after them.\n",
+        "Columns: 'canon. rate': new ids the model emitted / new ids in the canonical re-encoding of the same "
+        "generated text (summed over prompts); 'emitted new' / 'canonical new': share of the generated tokens "
+        "that are new ids as emitted / as re-encoded; 'argmax new': teacher-forced on the held-out lines, the "
+        "share of new-token positions where the argmax is that token; 'text new': share of new ids in the "
+        "held-out text; 'init s' (teacher / input rows / output rows): the init's wall time and its parts.\n",
     ]
     if report.get("note"):
         parts.append(report["note"] + "\n")
@@ -245,50 +243,41 @@ def write_markdown(report: dict, path: str) -> None:
         )
         rows = [
             [
-                r["k"],
-                r["init"],
-                "untied" if not r["tied"] else "tied",
-                r["bpb"]["bits_per_byte"],
-                f"{r['bpb']['bits_per_byte'] / src['bits_per_byte'] - 1:+.1%}",
-                r["bpb"]["uniform_bits_per_byte"],
-                r["greedy"]["new_token_share"],
-                r["tokenizer_new_share"],
-                r["greedy"]["retokenized_new_share"],
-                r["greedy"]["chars_per_token"],
-                r["init_seconds"],
+                r["k"], r["init"], "untied" if not r["tied"] else "tied", r["bpb"]["bits_per_byte"],
+                f"{r['bpb']['bits_per_byte'] / src['bits_per_byte'] - 1:+.1%}", r["bpb"]["uniform_bits_per_byte"],
+                r["greedy"].get("canonical_rate"), r["greedy"].get("new_emitted_share"),
+                r["greedy"].get("new_canonical_share"), r["bpb"].get("argmax_new_share"), r["tokenizer_new_share"],
+                r["greedy"]["chars_per_token"], r["init_seconds"], parts_of(r),
             ]
             for r in entry["runs"]
-        ]
-        parts.append(
-            markdown_table(
-                [
-                    "k",
-                    "init",
-                    "head",
-                    "bits/byte",
-                    "vs source",
-                    "uniform",
-                    "greedy share",
-                    "tokenizer share",
-                    "own text share",
-                    "chars/token",
-                    "init s",
-                ],  # fmt: skip
-                rows,
-            )
-        )
+        ]  # fmt: skip
+        header = ["k", "init", "head", "bits/byte", "vs source", "uniform", "canon. rate", "emitted new",
+                  "canonical new", "argmax new", "text new", "chars/token", "init s",
+                  "teacher / input / output s"]  # fmt: skip
+        parts.append(markdown_table(header, rows))
         parts.append("")
         for r in entry["runs"]:
-            if r["method"] == "distill":
-                settings = ", ".join(f"{key}={value}" for key, value in r["options"].items())
-                parts.append(f"- k={r['k']} {r['init']}: {settings}" + (f". *{r['note']}*" if r.get("note") else ""))
-            if r["method"] == "distill" and r["stats"].get("distill_stats", {}).get("snippets") is not None:
-                st = r["stats"]["distill_stats"]
-                parts.append(
-                    f"  ({st['snippets']} snippets, {st['tokens_trained']} of {r['k']} tokens trained, "
-                    f"{st['calibration_exact_pairs']} exact calibration pairs)"
-                )
+            if r["method"] != "distill":
+                continue
+            settings = ", ".join(f"{key}={value}" for key, value in r["options"].items())
+            parts.append(f"- k={r['k']} {r['init']}: {settings}" + (f". *{r['note']}*" if r.get("note") else ""))
+            st = r["stats"].get("distill_stats", {})
+            if st.get("snippets") is not None:
+                parts.append(f"  ({st['snippets']} snippets, {st['tokens_trained']} of {r['k']} tokens trained)")
     Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def parts_of(run: dict) -> str:
+    """teacher / input rows / output rows seconds of a distill run, as the method reported them."""
+    st = run["stats"].get("distill_stats")
+    if not st:
+        return ""
+    head = st.get("head", {})
+    output = head.get("states_seconds", 0) + head.get("fit_seconds", 0) if head else None
+    return " / ".join(
+        "-" if v is None else f"{v:.0f}"
+        for v in (st.get("teacher_seconds"), st.get("input", {}).get("seconds"), output)
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 XLABEL = "greedy generation: characters/s relative to the source (same prompts, same process)"
 # settings that decide what a row measures: a resumed run must have the same ones
 GRID_KEYS = (
-    "model", "ks", "inits", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
+    "model", "ks", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
     "epochs", "max_steps", "lr", "val_lines", "eval_lines", "prompts", "max_new_tokens", "mt_pairs", "shots",
     "mt_max_new_tokens", "seed",
 )  # fmt: skip
@@ -186,14 +186,15 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
     model, tokenizer = load_model(model_dir)
     start = time.perf_counter()
     new = set(new_ids) if new_ids else None
-    # with the new ids: the teacher-forced argmax rate of the new tokens, from the same logits
-    out = {"bpb": bits_per_byte(model, tokenizer, data.heldout, show_progress=False, new_token_ids=new)}
-    for mode in ("greedy", "sampled"):
+    out = {}
+    for mode in ("greedy", "sampled"):  # first, right after the source's (the speed ratio's two sides)
         result = generation_speed(
             model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
             new_token_ids=new, seed=args.seed,
         )  # fmt: skip
         out[mode] = {key: result.get(key) for key in GENERATION_KEYS}
+    # with the new ids: the teacher-forced argmax rate of the new tokens, from the same logits
+    out["bpb"] = bits_per_byte(model, tokenizer, data.heldout, show_progress=False, new_token_ids=new)
     mt = translate_and_score(
         model, tokenizer, data.pairs, lang, shots=args.shots, limit=args.mt_pairs,
         max_new_tokens=args.mt_max_new_tokens,
@@ -204,7 +205,8 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
 
 
 def source_generation(model_dir: str, data: LanguageData, args) -> dict:
-    """The source's characters/s on the prompts, measured in this process: the reference of every speed ratio."""
+    """The source's characters/s on the prompts, measured right before a row's own generation (same prompts, same
+    process, the machine in the same state): the reference of that row's speed ratios."""
     model, tokenizer = load_model(model_dir)
     return {
         mode: generation_speed(
@@ -293,16 +295,12 @@ class Grid:
         source_tokenizer = tokenizers["source"]
         entry = self.report["langs"][lang]
         rows = planned_rows(lang, args)
-        reference = None
         for row in rows:
             if self.done(lang, row.name):
                 print(f"{lang} {row.name}: finished earlier, skipped", flush=True)
                 continue
             self.check_budget()
-            if reference is None:  # the source's speed in this process, for every ratio measured here
-                reference = source_generation(args.model, data, args)
-                self.report["processes"][self.process].setdefault("source_chars_per_second", {})[lang] = reference
-            started = time.perf_counter()
+            started, cpu_started, load_before = time.perf_counter(), time.process_time(), os.getloadavg()
             try:
                 fields = self.build(row, work, data, source_tokenizer, aux, tokenizers)
             except (TrainingStopped, OutOfBudget):
@@ -312,14 +310,17 @@ class Grid:
                 entry["errors"].append({"row": row.name, "process": self.process, "error": repr(exc)})
                 self.save()
                 continue
+            reference = source_generation(args.model, data, args)
             measured = measure(fields.pop("model_dir"), data, lang, args, fields.get("new_ids"))
             fields.pop("new_ids", None)
+            measured["source_chars_per_second"] = reference
             for mode in ("greedy", "sampled"):
                 measured[mode]["chars_per_second_vs_source"] = measured[mode]["chars_per_second"] / reference[mode]
             done = {
                 "name": row.name, "stage": row.stage, "k": row.k, "init": row.label, "options": row.options,
                 **fields, **measured, "seconds": time.perf_counter() - started, "process": self.process,
-                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "cpu_seconds": time.process_time() - cpu_started, "load_before": load_before,
+                "load_after": os.getloadavg(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
             }  # fmt: skip
             entry["rows"].append(done)
             self.save()
@@ -440,7 +441,9 @@ def open_report(args) -> dict:
     if changed:
         diffs = ", ".join(f"--{k.replace('_', '-')} {report['args'].get(k)!r} -> {getattr(args, k)!r}" for k in changed)
         raise GridError(f"--resume: {path} was run with other settings ({diffs}); use the same ones or another --out.")
-    report["args"]["langs"] = list(dict.fromkeys(report["args"]["langs"] + args.langs))  # a resume may add some
+    # a resume may add languages and inits (rows are keyed by name), never change an init it already ran
+    for key in ("langs", "inits"):
+        report["args"][key] = list(dict.fromkeys(report["args"][key] + getattr(args, key)))
     return report
 
 
@@ -496,8 +499,15 @@ def table_row(r: dict) -> list:
         s.get("canonical_rate"), r["bpb"].get("argmax_new_share"), r.get("tokenizer_new_share"),
         g["chars_per_second_vs_source"],
         s["chars_per_second_vs_source"], g["chars_per_token"], r["mt"]["chrf"], lapt_facts.get("tokens_trained"),
-        lapt_facts.get("train_seconds"), r["seconds"], r["process"],
+        lapt_facts.get("train_seconds"), r["seconds"], load_span(r), r["process"],
     ]  # fmt: skip
+
+
+def load_span(row: dict) -> str:
+    """The 1-minute load average when the row started and when it ended (rows before this column: blank)."""
+    if "load_before" not in row:
+        return ""
+    return f"{row['load_before'][0]:.1f} -> {row['load_after'][0]:.1f}"
 
 
 def write_markdown(report: dict, path: Path) -> None:
@@ -512,8 +522,9 @@ def write_markdown(report: dict, path: Path) -> None:
         )
         + (f" {a['note']}" if a.get("note") else "")
         + "\n",
-        f"{report['machine']}, no GPU. Processes (each measures the source's generation speed again, the reference "
-        "of its rows' ratios):\n",
+        f"{report['machine']}, no GPU. Each row's speed ratios are against the source's generation measured right "
+        "before the row's own, in the same process. Processes (a row's 'proc' column names the one that ran it; "
+        "those after the first continued the grid with --resume):\n",
         markdown_table(
             ["process", "started", "wall min", "load before", "load after", "threads", "resumed", "stopped"],
             [
@@ -546,13 +557,14 @@ def write_markdown(report: dict, path: Path) -> None:
         "share of new ids in the held-out text; 'x chars/s': characters per second relative to the source in the "
         "same process; 'c/tok': characters per generated token; 'LAPT tokens' / 'LAPT s': tokens trained and "
         "seconds of training steps; "
-        "'row s': wall seconds of the row (build, train, measure); 'proc': the process that ran it.\n",
+        "'row s': wall seconds of the row (build, train, measure); 'load': the 1-minute load average when the row "
+        "started -> ended (2 cores: above ~2.5 something else shared them); 'proc': the process that ran it.\n",
     ]
     for lang, entry in report["langs"].items():
         rows = [table_row(r) for r in entry["rows"]]
         header = ["model", "bits/byte", "uniform", "greedy emitted new", "greedy canonical new", "greedy canon. rate",
                   "sampled canon. rate", "argmax new", "text new", "x chars/s greedy", "x chars/s sampled",
-                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "proc"]  # fmt: skip
+                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "load", "proc"]  # fmt: skip
         parts.append(f"\n## {lang}\n\n" + (markdown_table(header, rows) if rows else "(no row finished yet)") + "\n")
         for err in entry.get("errors", []):
             parts.append(f"- process {err['process']}, {err['row']}: failed with `{err['error']}`\n")

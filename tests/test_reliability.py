@@ -303,7 +303,8 @@ ISSUE_24 = [
          ("--distill-lr",), before=False),
     Case("run-distill-epochs-negative", "run {t}/c.yaml", ("adapt.distill_epochs",), before=False,
          setup="config:adapt__init=distill,adapt__distill_epochs=-1"),
-    Case("expand-distill-epochs-0-warns", EXPAND.replace("mean", "distill") + " --corpus {w}/el.txt --distill-epochs 0",
+    Case("expand-distill-epochs-0-warns",
+         EXPAND.replace("mean", "distill") + " --corpus {w}/el.txt --distill-epochs 0 --no-untie-head",
          code=0, warns=("--distill-epochs 0",), keeps=("out/config.json",), before=False),
     # sizes: an upper bound, and an estimate of memory before the allocation
     Case("expand-aux-vocab-size-1e10", EXPAND.replace("600", "10000000000") + " --corpus {w}/el.txt",

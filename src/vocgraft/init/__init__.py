@@ -68,8 +68,8 @@ class Option:
 
     Its allowed values are declared with it and checked where the value is parsed (preflight, the pipeline config,
     :func:`method_options`): ``minimum``/``maximum`` for numbers (floats must also be finite; ``above`` makes the
-    minimum exclusive), ``choices`` for names; ``inert`` are values that make the method leave its start rows as
-    they are (allowed, with a warning: the result is labelled with the method but is not its work)."""
+    minimum exclusive), ``choices`` for names. A method whose settings can make it leave its start rows as they
+    are warns where it finds that out (e.g. distill with no training epochs and a tied head)."""
 
     name: str
     default: Any
@@ -78,7 +78,6 @@ class Option:
     maximum: float | None = None
     above: bool = False  # the minimum itself is not allowed (a learning rate > 0)
     choices: tuple[str, ...] = ()
-    inert: tuple[Any, ...] = ()
 
     @property
     def type(self) -> type:
@@ -220,20 +219,6 @@ def method_options(name: str, given: dict[str, Any] | None) -> dict[str, Any]:
     for option in method.options:
         option.check(given.get(option.name))
     return method.defaults() | given
-
-
-def inert_settings(name: str, given: dict[str, Any]) -> list[Option]:
-    """The given settings of method ``name`` that make it do nothing (``Option.inert``)."""
-    return [o for o in get_method(name).options if o.name in given and given[o.name] in o.inert]
-
-
-def warn_inert(name: str, given: dict[str, Any]) -> None:
-    for option in inert_settings(name, given):
-        warnings.warn(
-            f"{option.flag} {given[option.name]} makes init method {name!r} leave its start rows as they are: the "
-            "result is labelled with the method but is not its work.",
-            stacklevel=2,
-        )
 
 
 def check_source_matrix(source_matrix: torch.Tensor, ctx: InitContext) -> None:
@@ -389,7 +374,6 @@ def initialize_matrices(
     if "model" in spec.needs and ctx.model is None:
         raise MethodInputError(f"init method {method!r} runs the source model; it needs the loaded model.")
     ctx = replace(ctx, options=method_options(method, ctx.options))
-    warn_inert(method, ctx.options)  # here, where the method runs: once per run
     input_rows = _run(spec, _matrix(input_matrix), replace(ctx, space="input"))
     head_rows = None if head_matrix is None else _run(spec, _matrix(head_matrix), replace(ctx, space="head"))
     return input_rows, head_rows

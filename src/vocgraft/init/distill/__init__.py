@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,9 @@ from vocgraft.init.mean import source_pieces, target_forms
 MERGES = ("one", "all")
 STARTS = ("mean", "align")
 HEAD_POSITIONS = 32768  # canonical positions the output rows are fitted on (memory: positions x hidden floats)
-STATE_BATCH = 32  # windows per forward pass when collecting the student's states (no gradient)
+# sequences per forward pass without a gradient (teacher, the student's states for the output rows): on 2 CPU cores
+# SmolLM2 reads ~35% more tokens/s at 32 than at 8; the results do not depend on it
+STATE_BATCH = 32
 
 OPTIONS = (
     Option(
@@ -162,8 +165,7 @@ def _prepare(ctx: InitContext) -> dict[str, Any]:
     opts = ctx.options
     # what the snippets and the teacher pass depend on besides the plan, corpus and model; a cache made with
     # other settings (a caller reusing resources across runs) is not reused
-    key = tuple(opts[name] for name in ("distill_snippets", "distill_length", "distill_merge", "distill_batch"))
-    key += (ctx.seed,)
+    key = tuple(opts[name] for name in ("distill_snippets", "distill_length", "distill_merge")) + (ctx.seed,)
     cached = ctx.resources.get("distill_data")
     if cached is not None and cached["key"] == key:
         if "distill_stats" not in ctx.resources:  # a new run on the same data: its own statistics
@@ -184,7 +186,7 @@ def _prepare(ctx: InitContext) -> dict[str, Any]:
         show_progress=show,
     )
     t1 = time.perf_counter()
-    targets = teacher_targets(ctx.model, snippets, batch=opts["distill_batch"], show_progress=show)
+    targets = teacher_targets(ctx.model, snippets, batch=STATE_BATCH, show_progress=show)
     t2 = time.perf_counter()
     covered = got > 0
     data = {
@@ -267,13 +269,19 @@ def _input_rows(matrix: torch.Tensor, start: torch.Tensor, data: dict, ctx: Init
     tied = _tied(model)
     # an untied model's input rows do not depend on the head settings: a caller trying several (a benchmark
     # passing the resources on) trains them once
-    key = (data["key"], *(opts[n] for n in ("distill_epochs", "distill_lr", "distill_start")))
+    key = (data["key"], *(opts[n] for n in ("distill_epochs", "distill_batch", "distill_lr", "distill_start")))
     cached = ctx.resources.get("distill_input")
     if not tied and cached is not None and cached["key"] == key:
         stats["input"] = {**cached["history"], "reused": True}
         return cached["rows"].clone()
+    if tied and opts["distill_epochs"] == 0:
+        warnings.warn(
+            "--distill-epochs 0 with a tied head kept tied (--no-untie-head) leaves the start rows "
+            f"({opts['distill_start']}) as they are: the result is labelled distill but is not its work.",
+            stacklevel=2,
+        )
     head = None
-    if tied and opts["distill_head_weight"] > 0:
+    if tied and opts["distill_head_weight"] > 0 and opts["distill_epochs"] > 0:
         text = _canonical_text(ctx, data, matrix, start)
 
         def head(rows):

@@ -206,7 +206,6 @@ def train_input_rows(
     return rows.detach(), {"epochs": history}
 
 
-
 @contextmanager
 def frozen(model):
     """The model in eval mode with no parameter requiring a gradient, restored afterwards: the teacher is
