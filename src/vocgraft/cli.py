@@ -99,7 +99,8 @@ def cmd_lm_eval_task(args) -> None:
     if long:
         warn(
             "lm-eval-task",
-            f"{long} of {task.lines} lines have more than --max-length {args.max_length} tokens; lm_eval scores them "
+            f"{long} of {task.lines} lines {'has' if long == 1 else 'have'} more than --max-length {args.max_length} "
+            "tokens; lm_eval scores them "
             "in disjoint windows, vocgraft eval in windows overlapping by half, so bits/byte differs a little on "
             "them; a larger --max-length (here and in vocgraft eval) removes the difference.",
         )
