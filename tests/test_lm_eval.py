@@ -183,3 +183,13 @@ def test_cli_refuses_a_bad_task_name_before_writing(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--name 'my task'" in err[0]
     assert not out.exists()
+
+
+def test_cli_warns_about_lines_longer_than_the_window(tmp_path, capsys):
+    root = tiny_source_dir(tmp_path, el=lines("el", 4))
+    code = main(["lm-eval-task", "--model", str(root / "source"), "--text", str(root / "el.txt"), "--out",
+                 str(tmp_path / "task"), "--max-length", "16"])  # fmt: skip
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "4 of 4 lines have more than --max-length 16 tokens" in captured.err
+    assert "max_length=16" in captured.out.strip().splitlines()[-1]
