@@ -56,21 +56,33 @@ def test_rerunning_a_finished_pipeline_recomputes_nothing_and_a_crash_resumes(wo
     config = validate(config_for(workspace, tmp_path / "out") | {"train": {"max_steps": 2, "batch_size": 2,
                                                                          "seq_len": 32, "val_lines": 8}})  # fmt: skip
     first = run_pipeline(config)
-    assert [s["name"] for s in first["stages"]] == ["eval-source", "tokenizer", "adapt", "train", "eval"]
+    assert [s["name"] for s in first["stages"]] == [
+        "eval-source", "tokenizer", "adapt", "train", "eval", "train-source", "eval-source-train"
+    ]  # fmt: skip
     assert not any(s["reused"] for s in first["stages"])
+    # the trained model is judged against the source given the same LAPT, measured like it
+    assert first["measured"] == "after LAPT" and first["reference"] == "source + LAPT"
+    assert first["reference_bits_per_byte"] == first["source_lapt"]["bits_per_byte"]
+    assert first["source_lapt"]["speedup"] == 1.0  # the source's own tokenizer
     # the trained model keeps the expansion's plan, so the share of new tokens used is measured after LAPT too
     assert 0 < first["adapted"]["new_tokens_used_share"] <= 1
     again = run_pipeline(config)
     assert all(s["reused"] for s in again["stages"])
     assert again["bits_per_byte"] == first["bits_per_byte"] and again["speedup"] == first["speedup"] > 1
     # a crash during evaluation: its directory exists but was never marked complete
-    eval_dir = tmp_path / "out" / "stages" / f"eval-{first['stages'][-1]['key']}"
-    (eval_dir / "vocgraft-stage.json").unlink()
+    eval_key = next(s["key"] for s in first["stages"] if s["name"] == "eval")
+    (tmp_path / "out" / "stages" / f"eval-{eval_key}" / "vocgraft-stage.json").unlink()
     resumed = run_pipeline(config)
-    assert [s["reused"] for s in resumed["stages"]] == [True, True, True, True, False]
+    assert [s["reused"] for s in resumed["stages"]] == [True, True, True, True, False, True, True]
     # a changed setting is a new stage; everything upstream is reused
     changed = run_pipeline(validate(config | {"eval": {**config["eval"], "limit": 10}}))
-    assert [s["reused"] for s in changed["stages"]] == [False, True, True, True, False]
+    assert [s["reused"] for s in changed["stages"]] == [False, True, True, True, False, True, False]
+    # report.source_lapt off: no source LAPT, the untrained source is the reference (nothing new to build)
+    off = run_pipeline(validate(config | {"report": {"source_lapt": False}}))
+    assert [s["name"] for s in off["stages"]] == ["eval-source", "tokenizer", "adapt", "train", "eval"]
+    assert all(s["reused"] for s in off["stages"]) and off["source_lapt"] is None
+    assert off["reference"] == "source" and off["reference_bits_per_byte"] == off["source_bits_per_byte"]
+    assert "untrained source" in recommend([off], 0.02)["basis"]
 
 
 def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace, tmp_path):
@@ -93,9 +105,16 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     assert (tmp_path / "sweep" / "speedup_vs_bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert saved["recommendation"]["point"]["init"] in ("mean", "random")
+    # no train section: measured right after initialization, against the source, and the report says so
+    rec = saved["recommendation"]
+    assert (rec["measured"], rec["reference"]) == ("right after initialization", "source")
+    assert rec["reference_bits_per_byte"] == sweep["points"][0]["source_bits_per_byte"]
+    assert "right after initialization (no LAPT), compared with the source" in text
+    assert "| bits/byte (right after initialization) |" in text and "| vs source (rel.) |" in text
     # report.html: the same report in one page, with the recommended setting's tokens on held-out lines
     page = (tmp_path / "sweep" / "report.html").read_text()
     assert 'id="recommendation"' in page and '<table class="results">' in page
+    assert "right after initialization (no LAPT)" in page
     assert page.count('src="data:image/png;base64,') == 1 and 'id="token-view"' in page
     assert page.count('<div class="tokens adapted">') == 5 and 'class="tok new"' in page
 
@@ -110,6 +129,29 @@ def test_recommendation_picks_the_fastest_setting_within_tolerance():
     assert recommend(points, 0.2)["point"]["new_tokens"] == 5000
     none = recommend([point(500, 1.5, 2.5), point(50, 1.1, 2.1)], 0.02)
     assert not none["within_tolerance"] and none["point"]["new_tokens"] == 50  # the closest in quality
+    assert rec["measured"] == "right after initialization" and rec["reference"] == "source"
+
+
+def test_after_lapt_the_recommendation_compares_with_the_source_given_the_same_lapt():
+    """Trained points: the source's LAPT alone took it from 2.0 to 1.8 bits/byte; a setting at 1.95 beats the
+    untrained source but is 8% worse than the source with the same training, so it is not recommended."""
+
+    def trained(k, speedup, bpb, reference, size=None):
+        return {"new_tokens": k, "init": "mean", "speedup": speedup, "bits_per_byte": bpb, "train_sample": size,
+                "source_bits_per_byte": 2.0, "measured": "after LAPT", "reference": "source + LAPT",
+                "reference_bits_per_byte": reference}  # fmt: skip
+
+    points = [trained(1000, 1.5, 1.95, 1.8), trained(100, 1.2, 1.82, 1.8)]
+    rec = recommend(points, 0.02)
+    assert rec["within_tolerance"] and rec["point"]["new_tokens"] == 100
+    assert rec["limit"] == pytest.approx(1.8 * 1.02) and rec["reference_bits_per_byte"] == 1.8
+    assert (rec["measured"], rec["reference"]) == ("after LAPT", "source + LAPT")
+    assert "same LAPT" in rec["basis"]
+    # each |D| has its own source + LAPT: a point is judged against the one trained like it
+    sized = [trained(1000, 1.5, 1.95, 1.93, size=16), trained(1000, 1.5, 1.85, 1.80, size=32)]
+    assert recommend(sized, 0.02)["point"]["train_sample"] == 16  # 1.95 <= 1.93 * 1.02; 1.85 > 1.80 * 1.02
+    closest = recommend([trained(1000, 1.5, 1.95, 1.8, 16), trained(1000, 1.5, 1.9, 1.6, 32)], 0.02)
+    assert not closest["within_tolerance"] and closest["point"]["train_sample"] == 16  # closest relative to its own
 
 
 def test_parse_ints():
@@ -166,8 +208,28 @@ def test_sweep_over_lapt_sizes_plots_quality_against_size_and_runs_configured_ta
     assert all(0.0 <= v for v in counts.values()) and counts["new_emitted_share"] <= 1.0
     rate = downstream["sampled_canonical_rate"]
     assert rate is None or rate >= 0.0
+    # one source + LAPT per |D|, each the reference of the points trained like it
+    built = [s["name"] for p in sweep["points"] for s in p["stages"] if not s["reused"]]
+    assert built.count("train-source") == 2 and built.count("eval-source-train") == 2
+    references = [p["source_lapt"]["bits_per_byte"] for p in sweep["points"]]
+    assert [p["reference_bits_per_byte"] for p in sweep["points"]] == references
+    rec = sweep["recommendation"]
+    assert rec["reference_bits_per_byte"] == rec["point"]["source_lapt"]["bits_per_byte"]
+    assert rec["limit"] == pytest.approx(rec["reference_bits_per_byte"] * 1.02)
     write_report(sweep, tmp_path / "sized")
     assert (tmp_path / "sized" / "bpb_vs_size.png").read_bytes()[:4] == b"\x89PNG"
     report = (tmp_path / "sized" / "report.md").read_text()
     assert "![bits/byte vs |D|](bpb_vs_size.png)" in report
+    reference = f"{rec['reference_bits_per_byte']:.3f}"
+    verdict = (
+        f"bits/byte after LAPT, within 2% of the source given the same LAPT ({reference};"
+        if rec["within_tolerance"]
+        else f"No setting stays within 2% of the source given the same LAPT ({reference} bits/byte) after LAPT**"
+    )
+    assert verdict in report
+    assert f"the source given the same LAPT: |D|=16: {references[0]:.3f}, |D|=32: {references[1]:.3f}" in report
+    assert "| bits/byte (after LAPT) |" in report and "| vs source + LAPT (rel.) |" in report
+    saved = json.loads((tmp_path / "sized" / "report.json").read_text())["recommendation"]
+    assert (saved["measured"], saved["reference"]) == ("after LAPT", "source + LAPT")
+    assert "compared with the source given the same LAPT" in (tmp_path / "sized" / "report.html").read_text()
     assert "| canonical rate | non-canonical |" in report and "canonical rate = new tokens emitted" in report

@@ -64,6 +64,54 @@ def cmd_eval(args) -> None:
         write_json(args.json, finite_json(result))  # warned about above
 
 
+def cmd_lm_eval_task(args) -> None:
+    """Write a local lm-evaluation-harness task over ``--text`` and print the ``lm_eval`` command that scores
+    ``--model`` on it as `vocgraft eval` does."""
+    from vocgraft.devices import dtype_name, resolve_device
+    from vocgraft.eval import lm_eval_task as lmt
+    from vocgraft.eval.bpb import default_prefix_id
+    from vocgraft.models import dtype_choice, load_tokenizer, resolve
+
+    pretrained = resolve(args.model)
+    tokenizer = load_tokenizer(args.model)
+    choice = dtype_choice(args.model, args.dtype, args.device)
+    local = Path(pretrained).is_dir()
+    # a hub id's stored dtype is unknown until it is loaded: lm-eval then reads it from the checkpoint, as vocgraft
+    dtype = dtype_name(choice.compute) if local or args.dtype != "auto" else "auto"
+    model_args = lmt.model_args(
+        Path(pretrained).absolute() if local else pretrained,
+        default_prefix_id(tokenizer),
+        max_length=args.max_length,
+        dtype=dtype,
+    )
+    device = str(resolve_device(args.device))
+    task = lmt.write_task(
+        args.text,
+        args.out,
+        name=args.name,
+        limit=args.limit,
+        field=args.field,
+        overwrite=args.overwrite,
+        manifest={"model": args.model, "model_args": model_args, "device": device, "batch_size": args.batch_size},
+    )
+    lines = task.data_path.read_text(encoding="utf-8").splitlines()
+    long = lmt.lines_longer_than(tokenizer, lines, args.max_length)
+    if long:
+        warn(
+            "lm-eval-task",
+            f"{long} of {task.lines} lines {'has' if long == 1 else 'have'} more than --max-length {args.max_length} "
+            "tokens; lm_eval scores them "
+            "in disjoint windows, vocgraft eval in windows overlapping by half, so bits/byte differs a little on "
+            "them; a larger --max-length (here and in vocgraft eval) removes the difference.",
+        )
+    limit = f" --limit {args.limit}" if args.limit else ""
+    print(
+        f"lm-eval task {task.name}: {task.lines} lines, {task.bytes:,} bytes -> {task.folder}\n"
+        f"scores like `vocgraft eval --model {args.model} --text {args.text}{limit} --max-length {args.max_length}`:"
+    )
+    print(lmt.shell_line(lmt.lm_eval_argv(task, model_args, device=device, batch_size=args.batch_size)))
+
+
 def cmd_tokenizer_train(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.models import load_tokenizer
@@ -614,6 +662,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bpb", action="store_true", help="token counts only; skip the model forward passes")
     p.add_argument("--json", help="also write the full result as JSON to this path")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "lm-eval-task", help="held-out text as an lm-evaluation-harness task, and the lm_eval command that scores a "
+        "model on it as `vocgraft eval` does"
+    )  # fmt: skip
+    add_model_arg(p)
+    p.add_argument("--text", required=True, help="held-out text: file, folder, .jsonl, or hf:NAME[:SPLIT]")
+    p.add_argument("--field", default="text", help="JSONL / dataset field holding the text")
+    p.add_argument("--out", required=True, help="the task folder to write (the YAML and the lines it scores)")
+    p.add_argument("--name", help="task name (default: vocgraft_<file name>)")
+    p.add_argument("--limit", type=int, help="only the first N lines")
+    p.add_argument("--max-length", type=int, default=512, help="context window, as vocgraft eval's --max-length")
+    p.add_argument("--batch-size", type=int, default=8, help="lm_eval --batch_size (windows per forward pass)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_lm_eval_task)
 
     p = sub.add_parser("tokenizer", help="tokenizer stage")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)

@@ -257,7 +257,15 @@ def _check_demo(args: Any) -> None:
     parse_ints(args.k, "k")
 
 
+def _check_lm_eval_task(args: Any) -> None:
+    from vocgraft.eval.lm_eval_task import check_name
+
+    if args.name is not None:
+        check_name(args.name)
+
+
 COMMAND_CHECKS: dict[str, Callable[[Any], None]] = {
+    "lm-eval-task": _check_lm_eval_task,
     "downstream": _check_downstream,
     "expand": _check_expand,
     "plm train": _check_plm,

@@ -99,9 +99,11 @@ def speedup_quality_png(
     source_bpb: float,
     tolerance: float,
     xlabel: str = "speedup (source tokens / adapted tokens, held-out text)",
+    references: Sequence[tuple[str, float]] | None = None,
 ) -> bytes:
     """Speedup (x) against bits/byte (y), one line per init method through its k values (labelled), with the
-    source's bits/byte and the tolerance band: the recommendation is the right-most point inside the band."""
+    source's bits/byte and the tolerance band: the recommendation is the right-most point inside the band.
+    ``references`` ((label, bits/byte), e.g. the source given the same LAPT): dashed lines, and the band is theirs."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     labelled = set()
@@ -122,9 +124,12 @@ def speedup_quality_png(
                 ax.annotate(label.strip(), (p["speedup"], p["bits_per_byte"]), textcoords="offset points",
                             xytext=(5, 5), fontsize=7)  # fmt: skip
     ax.axhline(source_bpb, color="black", lw=1, label=f"source ({source_bpb:.3f})")
-    ax.axhspan(
-        source_bpb, source_bpb * (1 + tolerance), color="green", alpha=0.12, label=f"tolerance: up to +{tolerance:.0%}"
-    )
+    bands = references or [("source", source_bpb)]
+    for i, (label, bpb) in enumerate(references or []):
+        ax.axhline(bpb, color="black", lw=1, ls=(0, (4, 2 + 2 * i)), label=f"{label} ({bpb:.3f})")
+    for i, (_, bpb) in enumerate(bands):
+        band = f"tolerance: up to +{tolerance:.0%}" + (f" of {bands[0][0]}" if references else "")
+        ax.axhspan(bpb, bpb * (1 + tolerance), color="green", alpha=0.12, label=band if i == 0 else None)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("bits per UTF-8 byte (lower is better)")
     ax.set_title("Vocabulary adaptation: speed vs quality")
@@ -133,8 +138,9 @@ def speedup_quality_png(
     return _png(fig)
 
 
-def size_quality_png(points: Sequence[dict], source_bpb: float) -> bytes:
-    """Bits/byte against the LAPT corpus size |D| (log2 axis), one line per (init, k)."""
+def size_quality_png(points: Sequence[dict], source_bpb: float, references: dict | None = None) -> bytes:
+    """Bits/byte against the LAPT corpus size |D| (log2 axis), one line per (init, k); ``references`` (|D| ->
+    bits/byte of the source given that LAPT): a line of its own."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for key in dict.fromkeys((p["init"], p["new_tokens"]) for p in points):
@@ -142,6 +148,9 @@ def size_quality_png(points: Sequence[dict], source_bpb: float) -> bytes:
         label = key[0] if key[1] is None else f"{key[0]} k={key[1]}"
         ax.plot([p["train_sample"] for p in mine], [p["bits_per_byte"] for p in mine], "o-", label=label)
     ax.axhline(source_bpb, color="black", lw=1, label=f"source ({source_bpb:.3f})")
+    sizes = sorted(size for size in references or {} if size is not None)
+    if sizes:
+        ax.plot(sizes, [references[size] for size in sizes], "k--", marker="x", label="source + LAPT")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("|D|: LAPT training lines")
     ax.set_ylabel("bits per UTF-8 byte")

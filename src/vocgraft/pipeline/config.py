@@ -9,7 +9,7 @@
     adapt: {mode: expand, new_tokens: 1000, init: align}
     train: {strategy: lora, max_steps: 50, batch_size: 2}      # optional
     eval: {limit: 200, mt: ../shared/corpora/parallel/en-el.tsv}
-    report: {tolerance: 0.02}
+    report: {tolerance: 0.02}    # source_lapt: true (with train: the source + the same LAPT is the reference)
     device: auto                 # auto (a GPU when there is one) | cpu | cuda | cuda:N
     dtype: auto                  # auto (as the source stores it) | bfloat16 | float16 | float32
 
@@ -83,7 +83,11 @@ SCHEMA: dict[str, Any] = {
         "device": (str, None),
         "dtype": (str, None),
     },
-    "report": {"tolerance": ((int, float), 0.02)},
+    "report": {
+        "tolerance": ((int, float), 0.02),
+        # with a train section: also train the source with the same LAPT and judge trained models against it
+        "source_lapt": (bool, True),
+    },
 }
 OPTIONAL_SECTIONS = {"train"}  # absent = that stage is skipped
 MODES = ("expand", "replace")
