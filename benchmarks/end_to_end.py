@@ -38,7 +38,8 @@ from distill import parse_init
 
 from vocgraft.corpus import SHARED_CORPORA, read_corpus, read_lines
 from vocgraft.eval import bits_per_byte
-from vocgraft.eval.generation import generation_speed, prompts_from_lines
+from vocgraft.eval.downstream import new_token_ids
+from vocgraft.eval.generation import generation_speed, generation_speeds, prompts_from_lines
 from vocgraft.eval.mt import read_pairs, translate_and_score
 from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import atomic_write, write_json
@@ -257,6 +258,52 @@ def lapt(model_dir: str, out: Path, corpus: str, args, stop_at: float | None) ->
     return facts
 
 
+def model_dir_of(row: dict, args) -> str:
+    """Where a finished row's model is kept (``--work``): the paths :meth:`Grid.build` writes to."""
+    work = Path(args.work) / row["lang"]
+    if row["stage"] == "source":
+        return args.model
+    if row["k"] is None:
+        return str(work / "source-lapt")
+    return str(work / (f"k{row['k']}-{row['init']}" + ("-lapt" if row["stage"] == "LAPT" else "")))
+
+
+def speed_pass(report: dict, args, save) -> None:
+    """Characters/s of every finished row against the source, the two interleaved prompt by prompt
+    (:func:`vocgraft.eval.generation.generation_speeds`) in one process: a drift of the machine's speed hits both
+    sides alike. Run it on otherwise idle cores after the grid; its figures replace the grid's own ratios."""
+    for lang in args.langs:
+        entry = report["langs"].get(lang)
+        if not entry:
+            continue
+        data = language_data(lang, args)
+        source = load_model(args.model)
+        for row in entry["rows"]:
+            if "speed" in row and not args.redo_speed:
+                continue
+            model_dir = model_dir_of(row | {"lang": lang}, args)
+            model, tokenizer = source if row["stage"] == "source" else load_model(model_dir)
+            new = new_token_ids(model_dir) if row["stage"] != "source" else None
+            load_before = os.getloadavg()
+            speed = {"load_before": load_before}
+            for mode in ("greedy", "sampled"):
+                mine, reference = generation_speeds(
+                    [(model, tokenizer, new), (*source, None)], data.prompts, sampled=mode == "sampled",
+                    max_new_tokens=args.max_new_tokens, seed=args.seed,
+                )  # fmt: skip
+                speed[mode] = {key: mine.get(key) for key in GENERATION_KEYS}
+                speed[mode]["source_chars_per_second"] = reference["chars_per_second"]
+                speed[mode]["chars_per_second_vs_source"] = mine["chars_per_second"] / reference["chars_per_second"]
+            speed |= {"load_after": os.getloadavg(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            row["speed"] = speed
+            save()
+            g, sm = speed["greedy"], speed["sampled"]
+            ratios = (
+                f"x{g['chars_per_second_vs_source']:.2f} (greedy) x{sm['chars_per_second_vs_source']:.2f} (sampled)"
+            )
+            print(f"{lang} {row['name']}: chars/s {ratios}, interleaved with the source", flush=True)
+
+
 class Grid:
     def __init__(self, args, report: dict, process: int, save):
         self.args, self.report, self.process, self.save = args, report, process, save
@@ -420,6 +467,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--note", default="", help="a line for the md (e.g. why this is a reduced run)")
     parser.add_argument("--out", default=str(RESULTS / "end_to_end"))
     parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json")
+    parser.add_argument(
+        "--speed-pass", action="store_true",
+        help="after the grid: measure every finished row's chars/s interleaved with the source's (idle cores)",
+    )  # fmt: skip
+    parser.add_argument("--redo-speed", action="store_true", help="--speed-pass: measure rows that have it again")
     args = parser.parse_args(argv)
     for name in ("lines", "val_lines", "eval_lines", "prompts", "mt_pairs", "seq_len", "batch_size", "threads"):
         if getattr(args, name) < 1:
@@ -472,6 +524,10 @@ def main(argv=None) -> int:
         write_json(out_json, report)
         write_markdown(report, Path(f"{args.out}.md"))
 
+    if args.speed_pass:
+        speed_pass(report, args, save)
+        save()
+        return 0
     grid = Grid(args, report, process, save)
     try:
         prepared = {lang: grid.prepare(lang) for lang in args.langs}
@@ -491,8 +547,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def generation_of(row: dict) -> tuple[dict, dict]:
+    """(greedy, sampled) results of a row: the speed pass's when it ran (interleaved with the source), else the
+    grid's own."""
+    speed = row.get("speed")
+    return (speed["greedy"], speed["sampled"]) if speed else (row["greedy"], row["sampled"])
+
+
 def table_row(r: dict) -> list:
-    g, s, lapt_facts = r["greedy"], r["sampled"], r.get("lapt") or {}
+    (g, s), lapt_facts = generation_of(r), r.get("lapt") or {}
     return [
         r["name"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
         g.get("new_emitted_share", g.get("new_token_share")), g.get("new_canonical_share"), g.get("canonical_rate"),
@@ -554,8 +617,10 @@ def write_markdown(report: dict, path: Path) -> None:
         "emitted them / in the canonical re-encoding of the same text by the model's tokenizer; 'canon. rate': new "
         "ids emitted / new ids in the canonical encoding (summed over prompts); 'argmax new': teacher-forced, the "
         "share of the held-out text's new-token positions where the model's argmax is that token; 'text new': "
-        "share of new ids in the held-out text; 'x chars/s': characters per second relative to the source in the "
-        "same process; 'c/tok': characters per generated token; 'LAPT tokens' / 'LAPT s': tokens trained and "
+        "share of new ids in the held-out text; 'x chars/s': characters per second relative to the source on the "
+        "same prompts (rows with a speed pass: the two generated interleaved, prompt by prompt, in one process on "
+        "otherwise idle cores; the generation columns are then the pass's); 'c/tok': characters per generated "
+        "token; 'LAPT tokens' / 'LAPT s': tokens trained and "
         "seconds of training steps; "
         "'row s': wall seconds of the row (build, train, measure); 'load': the 1-minute load average when the row "
         "started -> ended (2 cores: above ~2.5 something else shared them); 'proc': the process that ran it.\n",
@@ -572,7 +637,7 @@ def write_markdown(report: dict, path: Path) -> None:
             points = [
                 {
                     "init": f"{r['init'] or 'source'} ({r['stage']})",
-                    "speedup": r["greedy"]["chars_per_second_vs_source"],
+                    "speedup": generation_of(r)[0]["chars_per_second_vs_source"],
                     "bits_per_byte": r["bpb"]["bits_per_byte"],
                     "new_tokens": r["k"],
                 }

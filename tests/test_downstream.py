@@ -10,7 +10,7 @@ from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
 from vocgraft.cli import main
 from vocgraft.corpus import CorpusError
 from vocgraft.eval.canonical_use import CANONICAL_KEYS
-from vocgraft.eval.generation import generation_speed, prompts_from_lines
+from vocgraft.eval.generation import generation_speed, generation_speeds, prompts_from_lines
 from vocgraft.eval.metrics import chrf, lcs_length, rouge_l, token_f1, words
 from vocgraft.eval.mt import build_prompt, read_pairs, translate_and_score
 from vocgraft.eval.tasks import continuation_logprob, continuation_token_logprobs, nli_accuracy, read_records
@@ -188,6 +188,26 @@ def test_generation_speed_counts_tokens_and_new_token_share(tiny):
     assert none["canonical_rate"] is None and none["new_canonical_share"] == 0.0
     plain = generation_speed(model, tokenizer, prompts, sampled=False, max_new_tokens=5)
     assert plain["new_token_share"] is None and all(plain[key] is None for key in CANONICAL_KEYS)
+
+
+def test_models_measured_interleaved_generate_what_they_generate_alone(tiny):
+    """generation_speeds alternates the models prompt by prompt; each model's output (sampled too: seeded per
+    prompt) is what it generates when measured alone, so only the timing is shared."""
+    _, model, tokenizer = tiny
+    other = tiny_llama(len(tokenizer), tied=True, seed=7)
+    prompts = prompts_from_lines(lines("el", 3), chars=30)
+    for sampled in (False, True):
+        alone = [
+            generation_speed(m, tokenizer, prompts, sampled=sampled, max_new_tokens=5, seed=3) for m in (model, other)
+        ]
+        both = generation_speeds(
+            [(model, tokenizer, None), (other, tokenizer, None)], prompts, sampled=sampled, max_new_tokens=5, seed=3
+        )
+        for a, b in zip(alone, both):
+            assert (a["generated_tokens"], a["generated_chars"]) == (b["generated_tokens"], b["generated_chars"])
+            assert b["seconds"] > 0 and b["prompts"] == len(prompts)
+    with pytest.raises(ValueError, match="no prompts"):
+        generation_speeds([(model, tokenizer, None)], [], sampled=False)
 
 
 def test_mt_uses_the_first_pairs_as_examples_and_scores_the_rest(tiny, tmp_path):

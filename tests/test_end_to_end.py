@@ -107,3 +107,30 @@ def test_resume_skips_finished_rows_and_continues_lapt_from_its_checkpoint(world
     assert rows["k=40 mean"]["tokenizer_new_share"] > 0
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "k=40 mean + LAPT" in md and "Every row of the grid is finished." in md
+
+
+def test_the_speed_pass_measures_every_finished_row_interleaved_with_the_source(world, tmp_path):
+    """After the grid, --speed-pass measures each row's generation interleaved with the source's in one process;
+    the table's chars/s then comes from it, and a second pass leaves measured rows alone."""
+    out = tmp_path / "e2e"
+    args = grid_args(world, out, "--max-steps", "1")
+    assert end_to_end.main(args) == 0
+    assert end_to_end.main([*args, "--resume", "--speed-pass"]) == 0
+    report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    rows = report["langs"]["el"]["rows"]
+    assert all("speed" in r for r in rows) and len(rows) == 4
+    for row in rows:
+        for mode in ("greedy", "sampled"):
+            speed = row["speed"][mode]
+            assert speed["chars_per_second_vs_source"] == pytest.approx(
+                speed["chars_per_second"] / speed["source_chars_per_second"]
+            )
+        # greedy decoding is deterministic: the pass generates what the grid generated
+        assert row["speed"]["greedy"]["generated_tokens"] == row["greedy"]["generated_tokens"]
+    expanded = next(r for r in rows if r["stage"] == "init")
+    assert expanded["speed"]["greedy"]["new_emitted_share"] is not None  # its new ids found in its folder
+    assert end_to_end.generation_of(expanded)[0] is expanded["speed"]["greedy"]
+    first = [r["speed"]["measured_at"] for r in rows]
+    assert end_to_end.main([*args, "--resume", "--speed-pass"]) == 0
+    again = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))["langs"]["el"]["rows"]
+    assert [r["speed"]["measured_at"] for r in again] == first

@@ -1,7 +1,8 @@
 """Generation speed: tokens/s and characters/s of greedy and sampled decoding, and the share of new tokens in
 the output (paper 003 Fig. 4: a model that never emits its new tokens gains no speed from them).
 
-Prompts are generated one at a time (batch 1: the latency a user waits for), after one untimed warm-up call.
+Prompts are generated one at a time (batch 1: the latency a user waits for), after one untimed warm-up call. Models
+compared with each other are measured interleaved, prompt by prompt (:func:`generation_speeds`).
 Characters/s is what a user feels: a vocabulary with longer tokens emits the same text in fewer steps, so it can
 win on characters/s while losing on tokens/s.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +62,57 @@ def first_line_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str
     return tokenizer.decode(ids, skip_special_tokens=True).strip().split("\n")[0].strip()
 
 
+@dataclass
+class _Tally:
+    """One model's running totals over the prompts of a speed measurement."""
+
+    model: Any
+    tokenizer: Any
+    new_ids: set[int] | None
+    tokens: int = 0
+    chars: int = 0
+    new: int = 0
+    text_tokens: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    prompt_new: int = 0
+    use: CanonicalUse = field(default_factory=CanonicalUse)
+
+    def add(self, prompt: str, generated: list[int], seconds: float) -> None:
+        tokenizer, eos = self.tokenizer, self.tokenizer.eos_token_id
+        text_ids = [t for t in generated if t != eos]
+        self.seconds += seconds
+        self.tokens += len(generated)
+        self.text_tokens += len(text_ids)
+        self.chars += len(tokenizer.decode(text_ids, skip_special_tokens=True))
+        if self.new_ids is not None:  # outside the timed call
+            special = set(tokenizer.all_special_ids)
+            self.new += sum(t in self.new_ids for t in text_ids)
+            prompt_ids = tokenizer(prompt).input_ids
+            self.use += canonical_use(tokenizer, prompt_ids, generated, self.new_ids)
+            self.prompt_tokens += sum(t not in special for t in prompt_ids)
+            self.prompt_new += sum(t in self.new_ids for t in prompt_ids)
+
+    def result(self, sampled: bool, prompts: int) -> dict:
+        with_new = self.new_ids is not None
+        canonical = self.use.summary() if with_new else dict.fromkeys(CANONICAL_KEYS)
+        # context, not the target: how much of the held-out text the prompts were cut from is new tokens
+        canonical["prompt_new_share"] = self.prompt_new / max(self.prompt_tokens, 1) if with_new else None
+        return {
+            "mode": "sampled" if sampled else "greedy",
+            "prompts": prompts,
+            "generated_tokens": self.tokens,
+            "generated_chars": self.chars,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens / self.seconds,
+            "chars_per_second": self.chars / self.seconds,
+            "chars_per_token": self.chars / max(self.tokens, 1),
+            # of the text tokens: an EOS is neither new nor old
+            "new_token_share": self.new / max(self.text_tokens, 1) if with_new else None,
+            **canonical,
+        }
+
+
 def generation_speed(
     model,
     tokenizer,
@@ -81,46 +135,35 @@ def generation_speed(
     prompts' own encoding (held-out text). ``new_token_share`` is ``new_emitted_share`` under its older name.
     The comparison with the canonical encoding runs outside the timed calls.
     """
+    (result,) = generation_speeds(
+        [(model, tokenizer, new_token_ids)], prompts, sampled=sampled, max_new_tokens=max_new_tokens, seed=seed
+    )
+    return result
+
+
+def generation_speeds(
+    runs: Sequence[tuple[Any, Any, Collection[int] | None]],
+    prompts: Sequence[str],
+    *,
+    sampled: bool,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> list[dict]:
+    """:func:`generation_speed` of several (model, tokenizer, new ids) on the same prompts, their generations
+    interleaved prompt by prompt: a change of the machine's speed during the measurement (another job, a frequency
+    step) hits every model alike, so the ratio of two models' characters/s is the speedup, not the drift.
+    Sampling is seeded per prompt (``seed`` + its index), the same for every model and in any order."""
     if not prompts:
         raise ValueError("no prompts to generate from.")
     settings = SAMPLING if sampled else GREEDY
-    model.eval()
-    generate_one(model, tokenizer, prompts[0], min(8, max_new_tokens), settings)  # warm-up, untimed
-    torch.manual_seed(seed)
-    tokens = text_tokens = chars = new = 0
-    seconds = 0.0
-    eos = tokenizer.eos_token_id
-    new_ids = set(new_token_ids) if new_token_ids is not None else None
-    use = CanonicalUse()
-    prompt_tokens = prompt_new = 0
-    special = set(tokenizer.all_special_ids)
-    for prompt in prompts:
-        start = time.perf_counter()
-        generated = generate_one(model, tokenizer, prompt, max_new_tokens, settings)
-        seconds += time.perf_counter() - start
-        text_ids = [t for t in generated if t != eos]
-        tokens += len(generated)
-        text_tokens += len(text_ids)
-        chars += len(tokenizer.decode(text_ids, skip_special_tokens=True))
-        if new_ids is not None:
-            new += sum(t in new_ids for t in text_ids)
-            prompt_ids = tokenizer(prompt).input_ids
-            use += canonical_use(tokenizer, prompt_ids, generated, new_ids)
-            prompt_tokens += sum(t not in special for t in prompt_ids)
-            prompt_new += sum(t in new_ids for t in prompt_ids)
-    canonical = use.summary() if new_ids is not None else dict.fromkeys(CANONICAL_KEYS)
-    # context, not the target: how much of the held-out text the prompts were cut from is new tokens
-    canonical["prompt_new_share"] = prompt_new / max(prompt_tokens, 1) if new_ids is not None else None
-    return {
-        "mode": "sampled" if sampled else "greedy",
-        "prompts": len(prompts),
-        "generated_tokens": tokens,
-        "generated_chars": chars,
-        "seconds": seconds,
-        "tokens_per_second": tokens / seconds,
-        "chars_per_second": chars / seconds,
-        "chars_per_token": chars / max(tokens, 1),
-        # of the text tokens: an EOS is neither new nor old
-        "new_token_share": new / max(text_tokens, 1) if new_token_ids is not None else None,
-        **canonical,
-    }
+    tallies = [_Tally(model, tokenizer, None if ids is None else set(ids)) for model, tokenizer, ids in runs]
+    for tally in tallies:
+        tally.model.eval()
+        generate_one(tally.model, tally.tokenizer, prompts[0], min(8, max_new_tokens), settings)  # warm-up, untimed
+    for index, prompt in enumerate(prompts):
+        for tally in tallies:
+            torch.manual_seed(seed + index)
+            start = time.perf_counter()
+            generated = generate_one(tally.model, tally.tokenizer, prompt, max_new_tokens, settings)
+            tally.add(prompt, generated, time.perf_counter() - start)
+    return [tally.result(sampled, len(prompts)) for tally in tallies]
