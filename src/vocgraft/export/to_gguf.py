@@ -38,9 +38,10 @@ class ExportResult:
 
     def describe(self) -> str:
         tokenizer = f"{self.choice.model}/{self.choice.pre}"
+        how = "llama.cpp tokenizes as the model's tokenizer does" if self.choice.exact else "forced"
         return (
             f"{self.path}: {self.arch}, {self.tensors} tensors ({self.outtype}), {self.rows:,} token rows, tokenizer "
-            f"{tokenizer} ({'exactly as vocgraft tokenizes' if self.choice.exact else 'forced'})"
+            f"{tokenizer} ({how}), {self.seconds:.0f}s"
         )
 
 
