@@ -454,6 +454,27 @@ def cmd_downstream(args) -> None:
         write_json(args.json, {"lang": args.lang, "results": results})
 
 
+def cmd_export_gguf(args) -> None:
+    from vocgraft.export.to_gguf import export_gguf
+
+    result = export_gguf(
+        args.model,
+        args.out,
+        outtype=args.outtype,
+        text=args.text,
+        force_pre=args.force_pre,
+        overwrite=args.overwrite,
+    )
+    if result.forced and not result.choice.exact:
+        warn(
+            "export gguf",
+            f"--force-pre {result.choice.pre}: llama.cpp will not tokenize as the model's tokenizer does "
+            f"({result.choice.reason}); "
+            + (f"{result.mismatch.describe()} tokenize differently." if result.mismatch else ""),
+        )
+    print(result.describe())
+
+
 def print_sweep(sweep: dict, report: Path) -> None:
     reused = sum(s["reused"] for p in sweep["points"] for s in p["stages"])
     built = sum(not s["reused"] for p in sweep["points"] for s in p["stages"])
@@ -795,6 +816,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write everything (with every MT hypothesis) to this JSON file")
     add_device_args(p)
     p.set_defaults(func=cmd_downstream)
+
+    p = sub.add_parser("export", help="write a model for another engine")
+    esub = p.add_subparsers(dest="export_command", required=True)
+    e = esub.add_parser("gguf", help="one .gguf file for llama.cpp, tokenizing exactly as the model's tokenizer does")
+    e.add_argument("--model", required=True, help="a vocgraft output or a Llama/Qwen2 causal-LM directory")
+    e.add_argument("--out", required=True, help="the .gguf file to write")
+    e.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="tensor type (1-D tensors and norms stay f32)")  # fmt: skip
+    e.add_argument(
+        "--text", help="text to measure a refused tokenizer on (default: the output's held-out text, if its "
+        "manifest names the corpus)"
+    )  # fmt: skip
+    e.add_argument(
+        "--force-pre", metavar="TYPE", help="write this llama.cpp pre-tokenizer type although llama.cpp will "
+        "tokenize some text differently (the refusal names the nearest type and how much)"
+    )  # fmt: skip
+    e.add_argument("--overwrite", action="store_true", help="replace a .gguf file vocgraft wrote")
+    e.set_defaults(func=cmd_export_gguf)
 
     p = sub.add_parser("run", help="the whole pipeline from a YAML config; finished stages are reused")
     p.add_argument("config", help="YAML config (see examples/)")

@@ -280,6 +280,30 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def atomic_output_file(path: str | Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for a writer that needs a path (not bytes in memory, as
+    :func:`atomic_write` takes): when the block finishes it is synced to disk and renamed over ``path`` (a symlink
+    is written through); on any error, or a signal, it is removed and ``path`` is left as it was."""
+    path = write_through(path)
+    if path.exists() and not path.is_file():
+        raise OutputExistsError(f"{path} exists and is not a regular file; give the path of a file to write.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{TMP_TAG}-{os.getpid()}-", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())  # the rename must never land before the data (power loss)
+        tmp.chmod(path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: str | Path, data: dict) -> None:
     """Write JSON atomically so a crash never leaves half a file (a symlink is written through). NaN and inf are
     not JSON (other readers refuse the file): they are written as null, with a warning."""

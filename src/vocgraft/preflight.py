@@ -106,6 +106,8 @@ TRAINER_BYTES_PER_TOKEN = 64
 TEXT_INPUTS = ("corpus", "heldout", "protect", "text", "prompts", "mt")
 # local files of another kind: must exist
 FILE_INPUTS = ("templates", "config")
+# commands whose --out is one file, not a folder
+FILE_OUTPUTS = ("export gguf",)
 
 
 def check_numbers(args: Any) -> None:
@@ -153,7 +155,7 @@ def check_outputs(args: Any) -> None:
     from vocgraft.outdir import check_output_path, remove_stale_temp_dirs
 
     if getattr(args, "out", None):
-        out = check_output_path(args.out, "--out")
+        out = check_output_path(args.out, "--out", directory=command_name(args) not in FILE_OUTPUTS)
         remove_stale_temp_dirs(out.parent)  # what a killed run into the same folder left behind
     if getattr(args, "checkpoint_dir", None):
         check_output_path(args.checkpoint_dir, "--checkpoint-dir")
@@ -264,8 +266,15 @@ def _check_lm_eval_task(args: Any) -> None:
         check_name(args.name)
 
 
+def _check_export_gguf(args: Any) -> None:
+    from vocgraft.export.to_gguf import check_output_file
+
+    check_output_file(args.out, args.overwrite)
+
+
 COMMAND_CHECKS: dict[str, Callable[[Any], None]] = {
     "lm-eval-task": _check_lm_eval_task,
+    "export gguf": _check_export_gguf,
     "downstream": _check_downstream,
     "expand": _check_expand,
     "plm train": _check_plm,
@@ -277,7 +286,7 @@ COMMAND_CHECKS: dict[str, Callable[[Any], None]] = {
 def command_name(args: Any) -> str:
     """``tokenizer train``, ``expand``, ...: the words the user typed to pick the subcommand."""
     words = [args.command]
-    for dest in ("tokenizer_command", "plm_command"):
+    for dest in ("tokenizer_command", "plm_command", "export_command"):
         if getattr(args, dest, None):
             words.append(getattr(args, dest))
     return " ".join(words)
