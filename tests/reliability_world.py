@@ -79,6 +79,7 @@ def build_world(root: Path) -> Path:
         json.dumps({"premise": "a", "hypothesis": "b", "label": "entailment"}) + "\n", encoding="utf-8"
     )
     build_damaged_models(root)
+    build_second_battery_inputs(root)
     return root
 
 
@@ -151,6 +152,30 @@ def build_damaged_models(root: Path) -> None:
     no_bos = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     tiny_llama(len(no_bos), tied=True).save_pretrained(root / "no-bos-eos")
     no_bos.save_pretrained(root / "no-bos-eos")
+
+
+def build_second_battery_inputs(root: Path) -> None:
+    """Issue 24's second battery (benchmarks/reliability_battery2.py): text that is UTF-8 but not text, a file far
+    too large for what it is given as, a YAML file whose anchors hold 10^9 elements, and model folders with files of
+    the wrong shape."""
+    (root / "utf16le-nobom.txt").write_bytes((root / "en.txt").read_text(encoding="utf-8").encode("utf-16-le"))
+    with open(root / "sparse-2g.tsv", "wb") as fh:  # 2 GiB of NUL bytes, no line break, no disk space
+        fh.truncate(2 << 30)
+    laughs = "model: [&a [x, x, x, x, x, x, x, x, x, x]"
+    for level in range(1, 9):
+        laughs += f", &{chr(97 + level)} [" + ", ".join([f"*{chr(96 + level)}"] * 10) + "]"
+    (root / "laughs.yaml").write_text(laughs + "]\n", encoding="utf-8")
+
+    def model_copy(name: str) -> Path:
+        shutil.copytree(root / "source", root / name)
+        return root / name
+
+    (model_copy("tokjson-object-wrong") / "tokenizer.json").write_text('{"model": 5}')
+    config = json.loads((root / "source" / "config.json").read_text())
+    (model_copy("config-hidden-negative") / "config.json").write_text(json.dumps(config | {"hidden_size": -32}))
+    loop = model_copy("safetensors-loop") / "model.safetensors"
+    loop.unlink()
+    loop.symlink_to("model.safetensors")
 
 
 def write_config(root: Path, name: str, **changes) -> Path:

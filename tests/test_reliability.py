@@ -12,6 +12,12 @@ Issue 24 adds ``ISSUE_24``: one case per class of input checked by kind (streams
 the source's architecture, missing or non-finite weights, tokenizer files, the shard path's damaged files, init
 settings, size bounds, pipeline configs) and per useless result (unknown tokens, non-finite numbers, settings
 that do nothing): 24 cases, 0 handled cleanly before (measured on main at a4fd16e), 24 after.
+
+Issue 24's second battery (benchmarks/reliability_battery2.py: 87 fresh inputs as real processes, results in
+benchmarks/results/reliability_battery2.md) adds ``BATTERY_2``: one case per class of failure it found and fixed
+(an output inside an input folder, empty paths, seeds and step budgets, generation and sweep budgets, files far too
+large, NUL bytes, YAML anchors, inputs of the wrong kind, model files of the wrong shape, flags not named, an
+unknown language): 18 cases, 0 handled cleanly before (measured on int at d785a78), 18 after.
 """
 
 from __future__ import annotations
@@ -324,6 +330,52 @@ ISSUE_24 = [
          warns=("bpb.bits_per_byte", "null"), keeps=("r.json",), before=False),
 ]
 CASES += ISSUE_24
+# issue 24's second battery (benchmarks/reliability_battery2.py, benchmarks/results/reliability_battery2.md): one case
+# per class of failure it found and fixed. ``before`` measured by running these cases against the code of int at
+# d785a78.
+PLM = "plm train --corpus {w}/el.txt --tokenizer {w}/source --out {t}/out"
+BATTERY_2 = [
+    # data loss: an output that is a file of an input folder (the model's config.json replaced by a result)
+    Case("eval-json-is-a-file-of-the-model", EVAL + " --json {w}/source/config.json",
+         ("--json {w}/source/config.json", "--model"), before=False),
+    # an empty path (an unset shell variable) named, never taken as the current folder nor skipped
+    Case("eval-json-empty-path", EVAL + " --json=", ("--json ''", "empty path"), before=False),
+    # numbers: a seed the random generators cannot take, a zero step budget
+    Case("train-seed-negative", TRAIN + " --corpus {w}/el.txt --seed -1", ("--seed",), before=False),
+    Case("plm-steps-0", PLM + " --steps 0", ("--steps",), before=False),
+    # hangs: a generation budget past the model's context, a sweep range of 10^8 settings, a 2 GB file read whole
+    Case("down-max-new-tokens-past-context", DOWN + " --prompts {w}/heldout-el.txt --num-prompts 1 "
+         "--max-new-tokens 1000000", ("--max-new-tokens", "2048"), before=False),
+    Case("sweep-sizes-2-to-the-10-8", "sweep {t}/c.yaml --sizes 2^0..2^100000000", ("--sizes", "2^30"),
+         before=False, setup="config:"),
+    Case("down-mt-2gb-file", DOWN + " --mt {w}/sparse-2g.tsv", ("{w}/sparse-2g.tsv:1", "1 MiB"), before=False),
+    Case("run-yaml-billion-laughs", "run {w}/laughs.yaml", ("{w}/laughs.yaml", "model must be str"), before=False),
+    # text that is valid UTF-8 but not text: English in UTF-16 without a byte-order mark
+    Case("tok-utf16le-without-bom", TOKTRAIN + " --corpus {w}/utf16le-nobom.txt",
+         ("{w}/utf16le-nobom.txt:1", "NUL", "UTF-16"), before=False),
+    # checked before any work, by kind
+    Case("run-eval-mt-is-a-folder", "run {t}/c.yaml", ("eval.mt", "not a file"), before=False,
+         setup="config:eval__mt={w}/nofiles"),
+    Case("expand-aux-tokenizer-is-a-text-file", EXPAND + " --corpus {w}/el.txt --aux-tokenizer {w}/el.txt",
+         ("--aux-tokenizer {w}/el.txt", "is a file"), before=False),
+    Case("down-mt-template-does-not-format", DOWN + " --mt {w}/pairs.tsv --shots 1 --mt-template {nope}:{source}",
+         ("--mt-template", "nope"), before=False),
+    # model folders whose files have the wrong shape: the file named, no traceback
+    Case("info-tokenizer-json-model-not-an-object", "info --model {w}/tokjson-object-wrong",
+         ("{w}/tokjson-object-wrong/tokenizer.json",), before=False),
+    Case("info-config-hidden-size-negative", "info --model {w}/config-hidden-negative",
+         ("{w}/config-hidden-negative/config.json", "hidden_size"), before=False),
+    Case("info-safetensors-link-loop", "info --model {w}/safetensors-loop",
+         ("{w}/safetensors-loop/model.safetensors", "symbolic links"), before=False),
+    # the error line names the flag at fault
+    Case("down-task-unknown-name", DOWN + " --task foo={w}/nli.jsonl", ("--task foo=",), before=False),
+    Case("train-grad-accum-over-the-data", TRAIN + " --corpus {w}/el.txt --grad-accum 65536", ("--grad-accum",),
+         before=False),
+    # a result that may say nothing: warned about
+    Case("down-unknown-lang-warns", "downstream --model {w}/source --lang xx --mt {w}/pairs.tsv --shots 1 "
+         "--mt-limit 1 --mt-max-new-tokens 8", code=0, warns=("--lang xx",), before=False),
+]
+CASES += BATTERY_2
 # fmt: on
 
 
@@ -417,8 +469,10 @@ def test_the_count_of_the_battery():
     """The closing note of issue 18: inputs tried and handled cleanly before (see ``before``)."""
     before = sum(c.before for c in CASES)
     assert len({c.id for c in CASES}) == len(CASES)
-    assert (len(CASES) - len(ISSUE_24), before - sum(c.before for c in ISSUE_24)) == (138, 59), "issue 18's count"
+    issue_18 = [c for c in CASES if c not in ISSUE_24 and c not in BATTERY_2]
+    assert (len(issue_18), sum(c.before for c in issue_18)) == (138, 59), "issue 18's count"
     assert (len(ISSUE_24), sum(c.before for c in ISSUE_24)) == (24, 0), "update issue 24's count in the docstring"
+    assert (len(BATTERY_2), sum(c.before for c in BATTERY_2)) == (18, 0), "update the second battery's count"
     print(f"{len(CASES) + 7} inputs, {before} handled cleanly before issues 18 and 24")
 
 

@@ -424,7 +424,7 @@ def cmd_downstream(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream, markdown_summary
     from vocgraft.eval.generation import prompts_from_lines
-    from vocgraft.eval.mt import read_pairs
+    from vocgraft.eval.mt import LANGUAGE_NAMES, read_pairs
     from vocgraft.eval.tasks import read_records
     from vocgraft.preflight import read_templates
 
@@ -447,6 +447,12 @@ def cmd_downstream(args) -> None:
         tasks=tasks,
         templates=read_templates(args.templates) if args.templates else None,
     )
+    if spec.mt_pairs and args.lang not in LANGUAGE_NAMES:
+        warn(
+            "downstream",
+            f"--lang {args.lang}: no name known for this language code, so the MT prompts ask to translate to "
+            f"'{args.lang}', which a model may not understand; the known codes are {', '.join(LANGUAGE_NAMES)}.",
+        )
     models = [args.model, *([args.baseline] if args.baseline else [])]
     results = [evaluate_downstream(m, spec, dtype=args.dtype, device=args.device) for m in models]
     print(markdown_summary(results))

@@ -36,6 +36,12 @@ class CorpusError(ValueError):
 
 
 def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
+    nul = raw.find(b"\x00")
+    if nul >= 0:  # valid UTF-8, but no text has it: English in UTF-16 without a BOM is every other byte NUL
+        raise CorpusError(
+            f"{path}:{line_no}: a NUL byte (byte {nul}); text files have none: this is a binary file, "
+            "or UTF-16 text without a byte-order mark (convert it: `iconv -f UTF-16LE -t UTF-8`)."
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -280,10 +286,21 @@ def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, f
     return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)
 
 
-def read_utf8(path: str | Path) -> str:
+# a config or a template file is a few KB; a larger one is another file given by mistake (a 2 GB file took a minute
+# and 6 GB of memory to be refused as "not valid YAML")
+MAX_SMALL_FILE = 16 << 20
+
+
+def read_utf8(path: str | Path, what: str = "config") -> str:
     """A small text file (a config) as a string; not UTF-8 is named by line and byte, as a corpus would be."""
     path = Path(path)
     check_plain_text(path)
+    size = path.stat().st_size
+    if size > MAX_SMALL_FILE:
+        raise CorpusError(
+            f"{path} is {size / 2**20:,.0f} MiB, too large for a {what} file (at most {MAX_SMALL_FILE >> 20} MiB); "
+            "check the path."
+        )
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
@@ -300,8 +317,11 @@ def numbered_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]
     path = Path(path)
     if path.exists():
         check_regular(path, "input")
+    if path.is_dir():
+        raise CorpusError(f"{path} is a folder; give the file of {expected}.")
     if not path.is_file():
         raise CorpusError(f"{path}: no such file; expected {expected}.")
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in _file_lines(path):  # line by line, each at most 1 MiB: a 2 GB file fails on its first line
+        line = _decode_line(raw, path, number).rstrip("\r\n")
         if line.strip():
             yield number, line

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -143,6 +144,7 @@ def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder without config.json; give a saved Hugging Face model directory.")
         check_config(path / "config.json")
+        check_weight_files(path)
         return str(path)
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file.")
@@ -178,6 +180,7 @@ def check_config(path: Path) -> None:
     )
 
     config = read_json_file(path, "model")
+    check_config_sizes(config, path)
     kind = config.get("model_type")
     if kind is None:  # an old config: transformers guesses the architecture from the path, as before
         return
@@ -196,13 +199,47 @@ def check_config(path: Path) -> None:
         )
 
 
+# config.json sizes that build tensors: a zero or negative one crashed inside torch ("negative dimension -32")
+CONFIG_SIZES = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "max_position_embeddings", "head_dim", "n_embd", "n_layer", "n_head", "n_positions",
+)  # fmt: skip
+
+
+def check_config_sizes(config: dict, path: Path) -> None:
+    for key in CONFIG_SIZES:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ModelLoadError(
+                f"{path}: {key} must be a positive integer; got {value!r}. The config was edited or damaged: "
+                "re-download or re-save the model."
+            )
+
+
+def check_weight_files(folder: Path) -> None:
+    """Every weights entry of a model folder is a regular file: a folder, a broken link or a link loop named
+    model.safetensors made transformers say that no weights file is there."""
+    for entry in sorted(folder.glob("*.safetensors")):
+        try:
+            mode = os.stat(entry).st_mode  # through links: a broken link or a loop raises
+        except OSError as exc:
+            raise ModelLoadError(f"{entry}: {exc.strerror}; re-download the model or fix the link.") from None
+        if not stat.S_ISREG(mode):
+            raise ModelLoadError(f"{entry} is not a regular file, so not a weights file; re-download the model.")
+
+
 def check_tokenizer_file(folder: Path) -> None:
     """A folder's tokenizer.json is valid JSON and every BPE merge names tokens of its vocabulary (the library's
     own error names neither the file nor the merge)."""
     path = folder / "tokenizer.json"
     if not path.is_file():
         return
-    model = read_json_file(path, "tokenizer").get("model") or {}
+    model = read_json_file(path, "tokenizer").get("model")
+    if not isinstance(model, dict):
+        raise ModelLoadError(
+            f"{path}: its 'model' entry is {type(model).__name__}, not an object with the vocabulary; the tokenizer "
+            "file is damaged or of another format: re-save it from the tokenizer."
+        )
     vocab, merges = model.get("vocab"), model.get("merges")
     if model.get("type") != "BPE" or not isinstance(vocab, dict) or not isinstance(merges, list):
         return
@@ -341,9 +378,10 @@ def _from_pretrained_tokenizer(spec, where: str):
     try:
         return AutoTokenizer.from_pretrained(where)
     except Exception as exc:  # noqa: BLE001  (the tokenizers library raises a bare Exception for a damaged file)
-        if Path(where).is_dir():  # checked only after a failure: parsing a 33 MB tokenizer.json twice costs seconds
+        local = Path(where).is_dir()
+        if local:  # checked only after a failure: parsing a 33 MB tokenizer.json twice costs seconds
             check_tokenizer_file(Path(where))
-        if isinstance(exc, OSError | ValueError):
+        if local or isinstance(exc, OSError | ValueError):  # a local folder's failure is its files'
             raise _tokenizer_error(spec, where, exc) from None
         raise
 

@@ -32,10 +32,13 @@ INPUT_DESTS = (
 )  # fmt: skip
 
 
+# argparse destinations naming something a command writes
+OUTPUT_DESTS = ("out", "json", "checkpoint_dir")
+
 MAX_JSON_RESULT = 256 * 2**20
 
 
-def _flag(dest: str) -> str:
+def flag_of(dest: str) -> str:
     return "config" if dest == "config" else "--" + dest.replace("_", "-")
 
 
@@ -45,7 +48,7 @@ def command_inputs(args: Any) -> list[tuple[str, Path]]:
     for dest in INPUT_DESTS:
         value = getattr(args, dest, None)
         for item in value if isinstance(value, list) else [value] if value else []:
-            found.append((_flag(dest), item))
+            found.append((flag_of(dest), item))
     for item in getattr(args, "task", None) or []:  # TASK=FILE
         found.append(("--task", item.partition("=")[2]))
     return existing(found)
@@ -69,8 +72,10 @@ def _forms(path: Path) -> set[Path]:
 
 
 def check_not_an_input(out: str | Path, flag: str, inputs: list[tuple[str, Path]]) -> None:
-    """``out`` (to be written, or replaced) is not an input and holds none."""
+    """``out`` (to be written, or replaced) is not an input, holds none, and is not a part of one that exists (a
+    file of a model folder: `eval --model m --json m/config.json` replaced the model's config with its result)."""
     targets = _forms(Path(out))
+    existing_out = os.path.lexists(out)
     for in_flag, path in inputs:
         forms = _forms(path)
         if targets & forms:
@@ -82,6 +87,11 @@ def check_not_an_input(out: str | Path, flag: str, inputs: list[tuple[str, Path]
             raise OutputExistsError(
                 f"{flag} {out} holds {in_flag} {path}, an input of this command; replacing it would delete that "
                 f"input: choose another {flag}."
+            )
+        if existing_out and any(form in target.parents for target in targets for form in forms):
+            raise OutputExistsError(
+                f"{flag} {out} is a file of {in_flag} {path}, an input of this command; replacing it would change "
+                f"that input: choose a {flag} outside {path}."
             )
 
 

@@ -35,6 +35,7 @@ POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "> 0 (a finite number)")
 NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, ">= 0 (a finite number)")
 # 256 byte symbols (or byte-fallback pieces) plus the special tokens come before any learned token
 MIN_VOCAB = 300
+MAX_SEED = (1 << 32) - 1
 RULES: dict[str, Rule] = {
     # a training sequence needs a token and the next one to predict: with 1 every loss is nan
     "seq_len": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
@@ -58,7 +59,8 @@ RULES: dict[str, Rule] = {
     ),  # fmt: skip
     "warmup_steps": (lambda v: v >= 0, "at least 0"),
     "shots": (lambda v: v >= 0, "at least 0"),
-    "steps": (lambda v: v >= 0, "at least 0"),
+    # numpy's generator (seeded by `train`) takes 0 .. 2^32 - 1: -1 crashed `train`; one range for every command
+    "seed": (lambda v: 0 <= v <= MAX_SEED, f"between 0 and {MAX_SEED:,}"),
     **{
         name: AT_LEAST_1
         for name in (
@@ -79,6 +81,7 @@ RULES: dict[str, Rule] = {
             "mt_max_new_tokens",
             "jobs",
             "max_candidates",
+            "steps",  # `plm train --steps 0` saved an untrained model
         )
     },  # fmt: skip
 }
@@ -140,7 +143,37 @@ def check_text_file(path: str | Path, flag: str) -> None:
         check_plain_text(path)
 
 
+def check_no_empty_paths(args: Any) -> None:
+    """A path given as "" (an unset shell variable: `--json "$OUT"`) is named, never read as the current folder
+    nor silently skipped."""
+    from vocgraft.ownership import INPUT_DESTS, OUTPUT_DESTS, flag_of
+
+    for dest in (*INPUT_DESTS, *OUTPUT_DESTS):
+        value = getattr(args, dest, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not item.strip():
+                raise ArgumentError(
+                    f"{flag_of(dest)} {item!r}: an empty path (an unset shell variable?); give the path."
+                )
+
+
+# flags naming a model or a tokenizer: a folder, a .gguf file, an alias or a hub id, never another kind of file
+MODEL_INPUTS = ("model", "baseline", "baseline_tokenizer", "like", "aux_tokenizer", "tokenizer", "target_plm")
+
+
+def check_model_inputs(args: Any) -> None:
+    for dest in MODEL_INPUTS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and Path(value).is_file() and Path(value).suffix != ".gguf":
+            raise ArgumentError(
+                f"{_flag(dest)} {value} is a file, not a model or tokenizer folder (nor a .gguf file); give the "
+                "folder it was saved in."
+            )
+
+
 def check_inputs(args: Any) -> None:
+    check_no_empty_paths(args)
+    check_model_inputs(args)
     for dest in TEXT_INPUTS:
         value = getattr(args, dest, None)
         for path in value if isinstance(value, list) else [value] if value else []:
@@ -194,13 +227,15 @@ def check_scripts(value: str | None, flag: str = "--scripts") -> list[str] | Non
 
 def read_templates(path: str | Path) -> dict:
     """``--templates``: a JSON object, with the file and the position of a syntax error named."""
+    from vocgraft.corpus import CorpusError, read_utf8
+
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_utf8(path, "templates"))  # at most a few MB, UTF-8, a regular file
     except FileNotFoundError:
         raise ArgumentError(f"--templates {path}: no such file.") from None
-    except UnicodeDecodeError:
-        raise ArgumentError(f"--templates {path}: not UTF-8 text.") from None
+    except CorpusError as exc:
+        raise ArgumentError(f"--templates {exc}") from None
     except json.JSONDecodeError as exc:
         raise ArgumentError(
             f"--templates {path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
@@ -218,8 +253,18 @@ def _check_downstream(args: Any) -> None:
         raise ArgumentError(
             "nothing to evaluate: give --prompts (generation speed), --mt (translation) or --task (nli/sum/span)."
         )
+    from vocgraft.eval.tasks import TASKS
+
+    for item in args.task or []:
+        task = item.partition("=")[0]
+        if task not in TASKS:
+            raise ArgumentError(f"--task {item}: unknown task {task!r}; choose one of {', '.join(TASKS)} (TASK=FILE).")
     if args.templates:
         read_templates(args.templates)
+    if args.mt_template is not None:
+        from vocgraft.eval.mt import check_template
+
+        check_template(args.mt_template)
     if args.mt:
         from vocgraft.eval.mt import read_pairs
 

@@ -40,6 +40,31 @@ def new_token_ids(model_dir: str) -> set[int] | None:
     return set(VocabPlan.from_json(plan_file).new_ids) if plan_file.is_file() else None
 
 
+def context_length(config) -> int | None:
+    """The positions the model was trained on (Llama & co.: max_position_embeddings, GPT-2: n_positions)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_generation_budget(model, spec: DownstreamSpec, model_spec: str) -> None:
+    """A token budget past the model's context is refused before generating: `--max-new-tokens 1000000` ran for
+    hours past what the model can attend to."""
+    from vocgraft.parsing import ArgumentError
+
+    context = context_length(model.config)
+    budgets = {"--max-new-tokens": (spec.max_new_tokens, spec.prompts)}
+    budgets["--mt-max-new-tokens"] = (spec.mt_max_new_tokens, spec.mt_pairs)
+    for flag, (budget, used) in budgets.items():
+        if used and context is not None and budget > context:
+            raise ArgumentError(
+                f"{flag} {budget} is more than the {context} positions of {model_spec}'s context; give at most "
+                f"{context}."
+            )
+
+
 def evaluate_downstream(
     model_spec: str, spec: DownstreamSpec, *, dtype: str = "auto", device: str = "auto", loaded: tuple | None = None
 ) -> dict:
@@ -52,6 +77,7 @@ def evaluate_downstream(
 
     model, tokenizer = loaded if loaded is not None else load_model(model_spec, dtype, device)
     model.eval()
+    check_generation_budget(model, spec, model_spec)
     result: dict = {"model": model_spec, "generation": [], "mt": [], "tasks": []}
     if spec.prompts:
         new_ids = new_token_ids(model_spec)

@@ -40,6 +40,30 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 
 
+TEMPLATE_FIELDS = ("source", "source_language", "target_language")
+
+
+def check_template(template: str) -> str:
+    """``--mt-template`` formats with the fields :func:`build_prompt` fills and holds ``{source}`` (without it
+    every prompt is the same, and so is every answer)."""
+    import string
+
+    from vocgraft.parsing import ArgumentError
+
+    fields = ", ".join("{" + name + "}" for name in TEMPLATE_FIELDS)
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        template.format(**{name: "x" for name in TEMPLATE_FIELDS})
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+        raise ArgumentError(
+            f"--mt-template {template!r} does not format ({type(exc).__name__}: {exc}); its fields are {fields}, "
+            "and a literal brace is written twice ({{ or }})."
+        ) from None
+    if "source" not in names:
+        raise ArgumentError(f"--mt-template {template!r} has no {{source}}, so every prompt would be the same; add it.")
+    return template
+
+
 def build_prompt(examples: Sequence[tuple[str, str]], source: str, source_lang: str, target_lang: str, template: str):
     fill = {"source_language": language_name(source_lang), "target_language": language_name(target_lang)}
     lines = [f"{template.format(source=s, **fill)} {t}" for s, t in examples]

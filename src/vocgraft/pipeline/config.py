@@ -99,9 +99,20 @@ class ConfigError(ValueError):
     """A pipeline config that cannot run; the message names the file and key."""
 
 
+def shown(value: Any) -> str:
+    """A value as the message shows it: YAML anchors can make a few lines hold 10^9 elements (the "billion laughs"),
+    whose full repr never ends."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, 60, 60
+    return short.repr(value)
+
+
 def _check(section: dict, schema: dict, where: str, source: str) -> dict:
     if not isinstance(section, dict):
-        raise ConfigError(f"{source}: {where or 'the file'} must be a mapping of keys to values.")
+        what = where.rstrip(".") or "the file"
+        raise ConfigError(f"{source}: {what} must be a mapping of keys to values; got {shown(section)}.")
     unknown = sorted(set(section) - set(schema))
     if unknown:
         allowed = ", ".join(sorted(schema))
@@ -124,7 +135,7 @@ def _check(section: dict, schema: dict, where: str, source: str) -> dict:
         value = section[key]
         if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
             wanted = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-            raise ConfigError(f"{source}: {name} must be {wanted}; got {value!r}.")
+            raise ConfigError(f"{source}: {name} must be {wanted}; got {shown(value)}.")
         out[key] = value
     return out
 
@@ -216,6 +227,8 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     for key, value in named.items():
         if not Path(value).exists():
             raise ConfigError(f"{source}: {key} {value!r} does not exist (paths are relative to where you run).")
+        if key.startswith("eval.") and not Path(value).is_file():  # read whole as a file, after the other stages
+            raise ConfigError(f"{source}: {key} {value!r} is not a file; give the path of its file.")
     from vocgraft.corpus import CorpusError
     from vocgraft.outdir import OutputExistsError, check_output_path
     from vocgraft.ownership import check_run_folder
@@ -274,6 +287,7 @@ def _ranges() -> dict[str, tuple]:
     from vocgraft.preflight import MAX_COUNT, RULES
 
     return {
+        "seed": RULES["seed"],
         "sample": RULES["sample"],
         "adapt.aux_vocab_size": RULES["aux_vocab_size"],
         "adapt.vocab_size": RULES["vocab_size"],

@@ -67,7 +67,8 @@ class BatchOrder:
         if n_chunks < global_batch:
             raise TrainingError(
                 f"the training data packs into {n_chunks} sequences, fewer than one global batch of {global_batch} "
-                "(batch size x processes x accumulation); give more text, a smaller --batch-size or --seq-len."
+                "(batch size x processes x accumulation); give more text, or a smaller --batch-size, --grad-accum "
+                "or --seq-len."
             )
         self.n_chunks, self.global_batch, self.seed = n_chunks, global_batch, seed
         self.steps_per_epoch = n_chunks // global_batch
