@@ -343,7 +343,7 @@ PROBES = [
     # ------------------------------------------------ signals
     Probe("plm-sigterm", PLM + " --minutes 1", stop=(signal.SIGTERM, 12)),
     Probe("run-sighup", "run {t}/c.yaml", stop=(signal.SIGHUP, 14),
-          setup=config(train={"max_steps": 500, "batch_size": 2, "seq_len": 32, "val_lines": 8})),
+          setup=config(train={"max_steps": 100000, "batch_size": 2, "seq_len": 32, "val_lines": 8})),
     Probe("train-sigterm-checkpoints", TRAIN.replace("--max-steps 2", "--max-steps 100000") + " --corpus {w}/el.txt "
           "--save-every 5", stop=(signal.SIGTERM, 14)),
 ]  # fmt: skip

@@ -53,12 +53,17 @@ SOURCE_TYPES = {
 }
 
 
-# vocabularies of 128K+ tokens: reading a GGUF file's token list back takes seconds each time
-SLOW = LARGE | {"llama3", "qwen25"}
+# Vocabularies of 128K+ tokens: building, exporting and reading back one family takes a minute or more, and
+# transformers' GGUF loader rebuilds the tokenizer for another minute. To keep the default suite short these cases
+# carry the `large_vocab` marker, which pyproject.toml deselects by default (pytest prints them as deselected); run
+# them with `pytest -m large_vocab tests/test_export_gguf.py`. benchmarks/gguf_parity.py checks every family with
+# llama.cpp itself.
+HUGE = LARGE  # 256K+: deselected by default in every test here
+LARGE_128K = LARGE | {"llama3", "qwen25"}  # deselected by default in the transformers-loader test
 
 
-def family_params():
-    return [pytest.param(f, marks=pytest.mark.slow) if f in SLOW else f for f in FAMILIES]
+def family_params(large: set[str]):
+    return [pytest.param(f, marks=pytest.mark.large_vocab) if f in large else f for f in FAMILIES]
 
 
 class Built:
@@ -124,7 +129,7 @@ def expected_refusal(family: str, mode: str, spec: dict) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("built", family_params(), indirect=True)
+@pytest.mark.parametrize("built", family_params(HUGE), indirect=True)
 @pytest.mark.parametrize("mode", MODES)
 def test_export_reads_back_as_llama_cpp_reads_it(built, mode):
     folder, file = built.dirs[mode], built.files[mode]
@@ -169,6 +174,13 @@ def test_export_reads_back_as_llama_cpp_reads_it(built, mode):
     assert ("output.weight" in {t.name for t in reader.tensors}) == (not tied)
 
 
+# transformers' GGUF loader is not a stand-in for llama.cpp for Gemma's SentencePiece files: on these exports it gave
+# an extra leading token (replace) and joined two pieces llama.cpp keeps apart (expand), while llama.cpp itself gives
+# the exports' ids on 100% of 500 held-out lines of every shared language (benchmarks/gguf_parity.py,
+# results/gguf_parity.md, 2026-11-26). So only the weights are checked through transformers there.
+LOADER_IS_NOT_LLAMA_CPP = {"gemma4"}
+
+
 def ids(tokenizer_json: str, text: list[str]) -> list[list[int]]:
     from tokenizers import Tokenizer
 
@@ -186,7 +198,7 @@ def as_llama_cpp_runs(tokenizer, pre: str | None) -> str:
     return json.dumps(spec)
 
 
-@pytest.mark.parametrize("built", family_params(), indirect=True)
+@pytest.mark.parametrize("built", family_params(LARGE_128K), indirect=True)
 @pytest.mark.parametrize("mode", ("expand", "replace"))
 def test_transformers_loads_the_export_as_the_output(built, mode):
     """transformers' GGUF loader gives the output's ids (a forced export: the ids of vocgraft's emulation of what
@@ -197,7 +209,8 @@ def test_transformers_loads_the_export_as_the_output(built, mode):
     ours = AutoTokenizer.from_pretrained(folder).backend_tokenizer.to_str()
     expected = json.dumps(refused.choice.emulations[refused.choice.pre]) if refused else ours
     text = [line for lang in ("el", "hi") for line in read_lines(corpus_path(lang, "heldout"), limit=HELDOUT)]
-    assert ids(as_llama_cpp_runs(theirs, gguf_pre_type(file)), text) == ids(expected, text)
+    if built.family not in LOADER_IS_NOT_LLAMA_CPP:
+        assert ids(as_llama_cpp_runs(theirs, gguf_pre_type(file)), text) == ids(expected, text)
 
     model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
     weights = load_file(next(folder.glob("*.safetensors")))
