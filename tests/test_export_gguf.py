@@ -53,17 +53,16 @@ SOURCE_TYPES = {
 }
 
 
-# Vocabularies of 128K+ tokens: building, exporting and reading back one family takes a minute or more, and
-# transformers' GGUF loader rebuilds the tokenizer for another minute. To keep the default suite short these cases
-# carry the `large_vocab` marker, which pyproject.toml deselects by default (pytest prints them as deselected); run
-# them with `pytest -m large_vocab tests/test_export_gguf.py`. benchmarks/gguf_parity.py checks every family with
-# llama.cpp itself.
-HUGE = LARGE  # 256K+: deselected by default in every test here
-LARGE_128K = LARGE | {"llama3", "qwen25"}  # deselected by default in the transformers-loader test
+# Vocabularies of 128K+ tokens (gemma4, llama3, qwen25): building, exporting and reading back one family takes from
+# half a minute to two minutes, and transformers' GGUF loader rebuilds the tokenizer for another minute. To keep the
+# default suite short these cases carry the `large_vocab` marker, which pyproject.toml deselects by default (pytest
+# prints them as deselected); run them with `pytest -m large_vocab tests/test_export_gguf.py`.
+# benchmarks/gguf_parity.py checks every family with llama.cpp itself.
+LARGE_VOCAB = LARGE | {"llama3", "qwen25"}
 
 
-def family_params(large: set[str]):
-    return [pytest.param(f, marks=pytest.mark.large_vocab) if f in large else f for f in FAMILIES]
+def family_params():
+    return [pytest.param(f, marks=pytest.mark.large_vocab) if f in LARGE_VOCAB else f for f in FAMILIES]
 
 
 class Built:
@@ -129,7 +128,7 @@ def expected_refusal(family: str, mode: str, spec: dict) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("built", family_params(HUGE), indirect=True)
+@pytest.mark.parametrize("built", family_params(), indirect=True)
 @pytest.mark.parametrize("mode", MODES)
 def test_export_reads_back_as_llama_cpp_reads_it(built, mode):
     folder, file = built.dirs[mode], built.files[mode]
@@ -198,7 +197,7 @@ def as_llama_cpp_runs(tokenizer, pre: str | None) -> str:
     return json.dumps(spec)
 
 
-@pytest.mark.parametrize("built", family_params(LARGE_128K), indirect=True)
+@pytest.mark.parametrize("built", family_params(), indirect=True)
 @pytest.mark.parametrize("mode", ("expand", "replace"))
 def test_transformers_loads_the_export_as_the_output(built, mode):
     """transformers' GGUF loader gives the output's ids (a forced export: the ids of vocgraft's emulation of what
