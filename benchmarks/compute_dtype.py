@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--stored", nargs="+", default=["bfloat16", "float16"], help="checkpoint dtypes")
     parser.add_argument("--name", default="compute_dtype", help="results/NAME.json and results/NAME.md")
     parser.add_argument("--skip-forced", action="store_true", help="no forced 16-bit arm (slow where emulated)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each eval arm (the median is reported)")
     args = parser.parse_args()
     report = new_report("smollm2", args, load_before=load_average(), cpu=cpu_section(), arms=[])
     work = Path(tempfile.mkdtemp(prefix="compute-dtype-"))
@@ -113,12 +115,20 @@ def measure(args, report: dict, work: Path) -> None:
         checkpoint = work / stored
         source.to(getattr(torch, stored)).save_pretrained(checkpoint)
         tokenizer.save_pretrained(checkpoint)
-        for arm in ("auto", "float32") if args.skip_forced else ("auto", stored, "float32"):
+        arms = ("auto", "float32") if args.skip_forced else ("auto", stored, "float32")
+        # every eval arm args.repeats times, in rounds whose order alternates: one fresh process varies by seconds
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
+        for round_ in range(args.repeats):
+            for arm in arms if round_ % 2 == 0 else arms[::-1]:
+                times[arm].append(run(["eval", "--model", str(checkpoint), "--text", str(heldout), "--json",
+                                       str(work / f"eval-{stored}-{arm}.json"), "--dtype", arm],
+                                      work / f"{stored}-{arm}.err"))  # fmt: skip
+        for arm in arms:
             row = {"stored": stored, "dtype": arm}
             log = work / f"{stored}-{arm}.err"
             out = work / f"eval-{stored}-{arm}.json"
-            row["eval_seconds"] = run(["eval", "--model", str(checkpoint), "--text", str(heldout), "--json", str(out),
-                                       "--dtype", arm], log)  # fmt: skip
+            row["eval_seconds"] = statistics.median(times[arm])
+            row["eval_seconds_each"] = [round(t, 2) for t in times[arm]]
             result = json.loads(out.read_text())
             row["bits_per_byte"] = result["bpb"]["bits_per_byte"]
             row["computed_in"] = result["model_info"]["dtype"]
@@ -188,8 +198,9 @@ def markdown(report: dict) -> str:
         "",
         f"SmolLM2-135M saved in each 16-bit dtype; `vocgraft eval` on {args['lines']} held-out Greek lines and "
         f"`vocgraft train` ({args['steps']} steps, seq {args['seq_len']}, batch {args['batch_size']}, full), each a "
-        "fresh process (times include Python, imports, loading and the dtype decision). LAPT bits/byte: the trained "
-        "model evaluated in float32.",
+        "fresh process (times include Python, imports, loading and the dtype decision); eval s is the median of "
+        f"{args.get('repeats', 1)} runs per arm in rounds of alternating order (every run in the JSON). LAPT "
+        "bits/byte: the trained model evaluated in float32.",
         "",
     ]
     rows = [
