@@ -13,7 +13,7 @@ the source's architecture, missing or non-finite weights, tokenizer files, the s
 settings, size bounds, pipeline configs) and per useless result (unknown tokens, non-finite numbers, settings
 that do nothing): 24 cases, 0 handled cleanly before (measured on main at a4fd16e), 24 after.
 
-Issue 24's second battery (benchmarks/reliability_battery2.py: 87 fresh inputs as real processes, results in
+Issue 24's second battery (benchmarks/reliability_battery2.py: 86 fresh inputs as real processes, results in
 benchmarks/results/reliability_battery2.md) adds ``BATTERY_2``: one case per class of failure it found and fixed
 (an output inside an input folder, empty paths, seeds and step budgets, generation and sweep budgets, files far too
 large, NUL bytes, YAML anchors, inputs of the wrong kind, model files of the wrong shape, flags not named, an
