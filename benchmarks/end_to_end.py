@@ -279,7 +279,7 @@ def speed_pass(report: dict, args, save) -> None:
         data = language_data(lang, args)
         source = load_model(args.model)
         for row in entry["rows"]:
-            if "speed" in row and not args.redo_speed:
+            if ("speed" in row and not args.redo_speed) or (args.speed_rows and row["name"] not in args.speed_rows):
                 continue
             model_dir = model_dir_of(row | {"lang": lang}, args)
             model, tokenizer = source if row["stage"] == "source" else load_model(model_dir)
@@ -472,6 +472,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="after the grid: measure every finished row's chars/s interleaved with the source's (idle cores)",
     )  # fmt: skip
     parser.add_argument("--redo-speed", action="store_true", help="--speed-pass: measure rows that have it again")
+    parser.add_argument(
+        "--speed-rows", type=lambda text: [name.strip() for name in text.split(",")],
+        help="--speed-pass: only these rows (names as in the table, e.g. 'k=1000 distill-all + LAPT'); a row takes "
+        "about 7 minutes on 2 cores",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("lines", "val_lines", "eval_lines", "prompts", "mt_pairs", "seq_len", "batch_size", "threads"):
         if getattr(args, name) < 1:
@@ -563,6 +568,7 @@ def table_row(r: dict) -> list:
         g["chars_per_second_vs_source"],
         s["chars_per_second_vs_source"], g["chars_per_token"], r["mt"]["chrf"], lapt_facts.get("tokens_trained"),
         lapt_facts.get("train_seconds"), r["seconds"], load_span(r), r["process"],
+        "speed pass" if r.get("speed") else "grid",
     ]  # fmt: skip
 
 
@@ -623,13 +629,15 @@ def write_markdown(report: dict, path: Path) -> None:
         "token; 'LAPT tokens' / 'LAPT s': tokens trained and "
         "seconds of training steps; "
         "'row s': wall seconds of the row (build, train, measure); 'load': the 1-minute load average when the row "
-        "started -> ended (2 cores: above ~2.5 something else shared them); 'proc': the process that ran it.\n",
+        "started -> ended (2 cores: above ~2.5 something else shared them); 'proc': the process that ran it; "
+        "'generation from': the speed pass's generation columns or the grid row's own.\n",
     ]
     for lang, entry in report["langs"].items():
         rows = [table_row(r) for r in entry["rows"]]
         header = ["model", "bits/byte", "uniform", "greedy emitted new", "greedy canonical new", "greedy canon. rate",
                   "sampled canon. rate", "argmax new", "text new", "x chars/s greedy", "x chars/s sampled",
-                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "load", "proc"]  # fmt: skip
+                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "load", "proc",
+                  "generation from"]  # fmt: skip
         parts.append(f"\n## {lang}\n\n" + (markdown_table(header, rows) if rows else "(no row finished yet)") + "\n")
         for err in entry.get("errors", []):
             parts.append(f"- process {err['process']}, {err['row']}: failed with `{err['error']}`\n")
