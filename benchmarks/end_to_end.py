@@ -182,9 +182,17 @@ def expanded_tokenizer(splitting, aux, lines: list[str], k: int):
 # measuring one model
 
 
+def gpu_name(device: str) -> str:
+    """The GPU the grid's models run on, or "none" (``--device cpu``, or auto on a machine without one)."""
+    from vocgraft.devices import resolve_device
+
+    resolved = resolve_device(device)
+    return torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "none"
+
+
 def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -> dict:
     """Every column of one row, for the model saved in ``model_dir``."""
-    model, tokenizer = load_model(model_dir)
+    model, tokenizer = load_model(model_dir, device=args.device)
     start = time.perf_counter()
     new = set(new_ids) if new_ids else None
     out = {}
@@ -208,7 +216,7 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
 def source_generation(model_dir: str, data: LanguageData, args) -> dict:
     """The source's characters/s on the prompts, measured right before a row's own generation (same prompts, same
     process, the machine in the same state): the reference of that row's speed ratios."""
-    model, tokenizer = load_model(model_dir)
+    model, tokenizer = load_model(model_dir, device=args.device)
     return {
         mode: generation_speed(
             model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
@@ -277,12 +285,12 @@ def speed_pass(report: dict, args, save) -> None:
         if not entry:
             continue
         data = language_data(lang, args)
-        source = load_model(args.model)
+        source = load_model(args.model, device=args.device)
         for row in entry["rows"]:
             if ("speed" in row and not args.redo_speed) or (args.speed_rows and row["name"] not in args.speed_rows):
                 continue
             model_dir = model_dir_of(row | {"lang": lang}, args)
-            model, tokenizer = source if row["stage"] == "source" else load_model(model_dir)
+            model, tokenizer = source if row["stage"] == "source" else load_model(model_dir, device=args.device)
             new = new_token_ids(model_dir) if row["stage"] != "source" else None
             load_before = os.getloadavg()
             speed = {"load_before": load_before}
@@ -392,7 +400,7 @@ class Grid:
     def expand(self, row: Row, out: Path, data: LanguageData, source_tokenizer, aux) -> dict:
         """Expand and initialize into ``out`` (deterministic for the seed), or read what an earlier process saved."""
         if not complete(out):
-            model, _ = load_model(self.args.model)
+            model, _ = load_model(self.args.model, device=self.args.device)
             done = expand_loaded(
                 model, source_tokenizer, data.aux_lines, row.k, row.method, aux_tokenizer=aux, options=row.options,
                 seed=self.args.seed,
@@ -458,6 +466,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mt-max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     # running
+    parser.add_argument("--device", default="auto", help="where models run: auto (a GPU when there is one), cpu, cuda")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "vocgraft" / "end_to_end"),
                         help="where models and LAPT checkpoints are kept between processes")  # fmt: skip
@@ -490,7 +499,7 @@ def open_report(args) -> dict:
     """A new report, or (``--resume``) the one an earlier process left, checked to describe the same grid."""
     path = Path(f"{args.out}.json")
     if not path.is_file():
-        return new_report(args.model, args, gpu="none", langs={}, processes=[], finished=False)
+        return new_report(args.model, args, gpu=gpu_name(args.device), langs={}, processes=[], finished=False)
     if not args.resume:
         raise GridError(f"{path} holds an earlier run; pass --resume to continue it, or choose another --out.")
     report = json.loads(path.read_text(encoding="utf-8"))
@@ -591,9 +600,9 @@ def write_markdown(report: dict, path: Path) -> None:
         )
         + (f" {a['note']}" if a.get("note") else "")
         + "\n",
-        f"{report['machine']}, no GPU. Each row's speed ratios are against the source's generation measured right "
-        "before the row's own, in the same process. Processes (a row's 'proc' column names the one that ran it; "
-        "those after the first continued the grid with --resume):\n",
+        f"{report['machine']}, GPU: {report.get('gpu', 'none')}. Each row's speed ratios are against the source's "
+        "generation measured right before the row's own, in the same process. Processes (a row's 'proc' column "
+        "names the one that ran it; those after the first continued the grid with --resume):\n",
         markdown_table(
             ["process", "started", "wall min", "load before", "load after", "threads", "resumed", "stopped"],
             [
