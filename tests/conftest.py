@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,15 @@ def cpu_computes_16_bit_dtypes_natively():
     previous = devices.set_cpu_probe(lambda dtype: devices.CpuSpeed(None, "tests: native 16-bit instructions"))
     yield
     devices.set_cpu_probe(previous)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its share of the cores (torch and the subprocesses it starts), so two
+    workers on two cores do not run four threads that wait for each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)

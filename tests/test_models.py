@@ -86,3 +86,22 @@ def test_gguf_is_converted_once_then_reloaded_from_the_cache(tmp_path, monkeypat
     assert info.parameters == 134_515_008
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
+
+
+def test_a_conversion_published_by_another_process_first_is_kept(tmp_path):
+    """Two processes converting the same GGUF file at once (two runs, two test workers): the second to finish keeps
+    the first one's directory and removes its own, instead of failing on the rename."""
+    target, first, second = tmp_path / "converted", tmp_path / ".first", tmp_path / ".second"
+    for folder, text in ((first, "first"), (second, "second")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text, encoding="utf-8")
+    vm.publish_dir(first, target)
+    vm.publish_dir(second, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted"]
+    assert (target / "config.json").read_text(encoding="utf-8") == "first"
+    half = tmp_path / ".half"  # a target without config.json is not a finished conversion: the error stands
+    half.mkdir()
+    (half / "config.json").write_text("x", encoding="utf-8")
+    (target / "config.json").rename(target / "other.json")
+    with pytest.raises(OSError):
+        vm.publish_dir(half, target)

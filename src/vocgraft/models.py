@@ -96,10 +96,21 @@ def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
         save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         source = {"gguf": str(gguf_path), "sha256": sha256, "conversion": CONVERSION_VERSION}
         (tmp / "vocgraft-source.json").write_text(json.dumps(source, indent=2), encoding="utf-8")
-        os.replace(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Move a finished ``tmp`` directory to ``target`` in one rename. When another process (a second vocgraft run,
+    a test worker) published the same conversion first, its directory holds the same files: keep it, drop ours."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def converted_dir(sha256: str) -> Path:
