@@ -117,6 +117,8 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     assert "right after initialization (no LAPT)" in page
     assert page.count('src="data:image/png;base64,') == 1 and 'id="token-view"' in page
     assert page.count('<div class="tokens adapted">') == 5 and 'class="tok new"' in page
+    # a tiny random model does not predict the new tokens: the caution travels with the verdict into both reports
+    assert rec["caution"] and rec["caution"] in text and "Caution: the speedup counts tokens per line" in page
 
 
 def test_recommendation_picks_the_fastest_setting_within_tolerance():
@@ -130,6 +132,28 @@ def test_recommendation_picks_the_fastest_setting_within_tolerance():
     none = recommend([point(500, 1.5, 2.5), point(50, 1.1, 2.1)], 0.02)
     assert not none["within_tolerance"] and none["point"]["new_tokens"] == 50  # the closest in quality
     assert rec["measured"] == "right after initialization" and rec["reference"] == "source"
+
+
+def test_a_recommended_expansion_that_does_not_generate_its_new_tokens_is_flagged():
+    """Tokens/line is a speedup of generation only when the model emits the new tokens: Mean right after init had
+    0.000 argmax new and a greedy canonical rate of 0 in the end-to-end grid. The generated rate decides where
+    there is one; the teacher-forced share where there is not; a replaced vocabulary is never flagged."""
+
+    def point(init="mean", mode="expand", argmax=None, rate=None):
+        adapted = {"argmax_new_share": argmax, "downstream": {} if rate is None else {"greedy_canonical_rate": rate}}
+        return {"new_tokens": 1000, "init": init, "mode": mode, "speedup": 2.5, "bits_per_byte": 2.1,
+                "source_bits_per_byte": 2.2, "adapted": adapted}  # fmt: skip
+
+    caution = recommend([point(argmax=0.0)], 0.02)["caution"]
+    assert "argmax new is 0.000" in caution and "--init distill --distill-merge all" in caution
+    generated = recommend([point(argmax=0.0, rate=0.1)], 0.02)["caution"]
+    assert "greedy canonical rate is 0.10" in generated
+    assert recommend([point(argmax=0.0, rate=0.93)], 0.02)["caution"] is None  # generation shows them used
+    assert recommend([point(argmax=0.05)], 0.02)["caution"] is None
+    assert recommend([point(argmax=None)], 0.02)["caution"] is None  # nothing measured: nothing claimed
+    assert recommend([point(mode="replace", argmax=0.0)], 0.02)["caution"] is None
+    distilled = recommend([point(init="distill", rate=0.1)], 0.02)["caution"]
+    assert "Train it (LAPT)" in distilled and "--init distill" not in distilled
 
 
 def test_after_lapt_the_recommendation_compares_with_the_source_given_the_same_lapt():

@@ -46,6 +46,44 @@ def reference_bpb(point: dict) -> float:
     return point.get("reference_bits_per_byte", point["source_bits_per_byte"])
 
 
+# Below these, an expanded model's new tokens are not what it generates, and its tokens/line speedup is not a speedup
+# of generation. The end-to-end grid (benchmarks/results/end_to_end.md): Mean and Align 0.000 argmax new and
+# canonical rate 0 in greedy generation, before and after LAPT; Random at most 0.011; distill 0.038-0.081 argmax new
+# where its greedy canonical rate was 0.72-0.93. 0.3: the bar the project set for distill right after init.
+CANONICAL_RATE_FLOOR = 0.3
+ARGMAX_NEW_FLOOR = 0.02
+
+
+def unused_tokens_caution(point: dict) -> str | None:
+    """A sentence when ``point`` is an expansion whose new tokens the model does not (yet) generate: its greedy
+    canonical rate where prompts were generated from, else its teacher-forced argmax-new share; None otherwise."""
+    if point.get("mode", "expand") != "expand":
+        return None  # a replaced vocabulary is all the model can emit: its tokens/line is its generation's
+    adapted = point.get("adapted", {})
+    rate = adapted.get("downstream", {}).get("greedy_canonical_rate")
+    if rate is not None:
+        if rate >= CANONICAL_RATE_FLOOR:
+            return None
+        measured = f"its greedy canonical rate is {rate:.2f}: it emits that share of the new tokens its own text has"
+    else:
+        share = adapted.get("argmax_new_share")
+        if share is None or share >= ARGMAX_NEW_FLOOR:
+            return None
+        measured = f"argmax new is {share:.3f}: it almost never predicts a new token where the text has one"
+    if str(point.get("init", "")).startswith("distill"):
+        advice = "Train it (LAPT) and check the rate again"
+    else:
+        advice = (
+            "Initialize with --init distill --distill-merge all, whose new tokens are generated right after "
+            "initialization; Mean and Align still generated none after one short LAPT epoch"
+        )
+    return (
+        f"Caution: the speedup counts tokens per line of held-out text, but this model does not generate its new "
+        f'tokens ({measured}), so its generation is not that much faster. {advice} (README, "Which init, and how '
+        'much LAPT before the new tokens are used").'
+    )
+
+
 def recommend(points: list[dict], tolerance: float) -> dict:
     """The largest-speedup point within ``tolerance`` (relative) of its reference's bits/byte, or the closest one
     (the smallest bits/byte relative to its reference), with what was compared (``measured``: right after
@@ -70,6 +108,7 @@ def recommend(points: list[dict], tolerance: float) -> dict:
         "reference": reference,
         "reference_bits_per_byte": reference_bpb(best),
         "basis": basis(measured, reference),
+        "caution": unused_tokens_caution(best),
     }
 
 
@@ -213,6 +252,8 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         + ("train longer" if config["train"] else "add LAPT (a train section)")
         + " or accept a larger tolerance."
     ) + f" {rec['basis']}"
+    if rec.get("caution"):  # reports written before the caution existed have no such key
+        verdict += f" {rec['caution']}"
     src = points[0]["source"]
     title = f"vocgraft sweep: {config['model']} on {config['corpus']}"
     intro = (
