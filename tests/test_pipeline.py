@@ -145,7 +145,7 @@ def test_a_recommended_expansion_that_does_not_generate_its_new_tokens_is_flagge
                 "source_bits_per_byte": 2.2, "adapted": adapted}  # fmt: skip
 
     caution = recommend([point(argmax=0.0)], 0.02)["caution"]
-    assert "argmax new is 0.000" in caution and "--init distill --distill-merge all" in caution
+    assert "argmax new is 0.000" in caution and "adapt.distill_merge: all" in caution
     generated = recommend([point(argmax=0.0, rate=0.1)], 0.02)["caution"]
     assert "greedy canonical rate is 0.10" in generated
     assert recommend([point(argmax=0.0, rate=0.93)], 0.02)["caution"] is None  # generation shows them used
@@ -153,7 +153,7 @@ def test_a_recommended_expansion_that_does_not_generate_its_new_tokens_is_flagge
     assert recommend([point(argmax=None)], 0.02)["caution"] is None  # nothing measured: nothing claimed
     assert recommend([point(mode="replace", argmax=0.0)], 0.02)["caution"] is None
     distilled = recommend([point(init="distill", rate=0.1)], 0.02)["caution"]
-    assert "Train it (LAPT)" in distilled and "--init distill" not in distilled
+    assert "Train it (LAPT)" in distilled and "distill_merge" not in distilled
 
 
 def test_after_lapt_the_recommendation_compares_with_the_source_given_the_same_lapt():

@@ -74,8 +74,9 @@ def unused_tokens_caution(point: dict) -> str | None:
         advice = "Train it (LAPT) and check the rate again"
     else:
         advice = (
-            "Initialize with --init distill --distill-merge all, whose new tokens are generated right after "
-            "initialization; Mean and Align still generated none after one short LAPT epoch"
+            "Initialize with distill and distill_merge all (`vocgraft expand --init distill --distill-merge all`; "
+            "in a config, adapt.init: distill, adapt.distill_merge: all), whose new tokens are generated right "
+            "after initialization; Mean and Align still generated none after one short LAPT epoch"
         )
     return (
         f"Caution: the speedup counts tokens per line of held-out text, but this model does not generate its new "
