@@ -9,6 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from vocgraft import models as vm
+from vocgraft.outdir import publish_shared_dir
 
 
 @pytest.fixture
@@ -95,8 +96,8 @@ def test_a_conversion_published_by_another_process_first_is_kept(tmp_path):
     for folder, text in ((first, "first"), (second, "second")):
         folder.mkdir()
         (folder / "config.json").write_text(text, encoding="utf-8")
-    vm.publish_dir(first, target)
-    vm.publish_dir(second, target)
+    publish_shared_dir(first, target, "config.json")
+    publish_shared_dir(second, target, "config.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted"]
     assert (target / "config.json").read_text(encoding="utf-8") == "first"
     half = tmp_path / ".half"  # a target without config.json is not a finished conversion: the error stands
@@ -104,4 +105,4 @@ def test_a_conversion_published_by_another_process_first_is_kept(tmp_path):
     (half / "config.json").write_text("x", encoding="utf-8")
     (target / "config.json").rename(target / "other.json")
     with pytest.raises(OSError):
-        vm.publish_dir(half, target)
+        publish_shared_dir(half, target, "config.json")

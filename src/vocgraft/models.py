@@ -13,7 +13,6 @@ import os
 import shutil
 import stat
 import struct
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ import torch
 
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
 from vocgraft.devices import DtypeChoice
+from vocgraft.outdir import make_temp_dir, publish_shared_dir
 from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
@@ -90,27 +90,16 @@ def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
     model.hf_quantizer = None
     model.is_quantized = False
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp = make_temp_dir(target)  # named after this process: a killed conversion's folder is removed next time
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         save_portable(tokenizer, tmp)  # the cache is shared by every transformers version vocgraft runs with
         source = {"gguf": str(gguf_path), "sha256": sha256, "conversion": CONVERSION_VERSION}
         (tmp / "vocgraft-source.json").write_text(json.dumps(source, indent=2), encoding="utf-8")
-        publish_dir(tmp, target)
+        publish_shared_dir(tmp, target, "config.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Move a finished ``tmp`` directory to ``target`` in one rename. When another process (a second vocgraft run,
-    a test worker) published the same conversion first, its directory holds the same files: keep it, drop ours."""
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def converted_dir(sha256: str) -> Path:

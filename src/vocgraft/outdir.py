@@ -219,6 +219,18 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[
         raise
 
 
+def publish_shared_dir(tmp: Path, target: Path, complete: str) -> None:
+    """Rename the finished ``tmp`` to ``target``, a directory built once and then shared (a cache entry). When
+    another process (a second run, a test worker) published it first, its copy holds the same files: keep it and
+    drop ``tmp``. A ``target`` without the file ``complete`` is not such a copy, and the rename's error stands."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / complete).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def library_versions() -> dict[str, str]:
     import importlib.metadata as md
 
