@@ -1,24 +1,39 @@
-"""End to end: init -> LAPT -> faster generation at kept quality, as a grid that later processes can finish.
+"""End to end, measured so that it can tell: does expansion give faster generation at kept quality, against the
+source given the same training?
 
-Per language, rows for: the source; the source after LAPT; and for each k x init, the expanded model right after
-initialization and after LAPT. LAPT is ``vocgraft train``'s code path with the papers' recipe by default (2x2
-layers + MTP, sequence length 512, one epoch over |D| sampled lines). Every model trains on the same sampled lines,
-so an expanded model trains on fewer tokens: each LAPT row reports its tokens and seconds. Each model is measured
-on held-out bits/byte (with the uniform reference), greedy and sampled generation on held-out prompts (canonical
-use of the new tokens, characters per token, characters/s relative to the source measured *in the same process* on
-the same prompts), and few-shot MT en->xx chrF.
+Per language, rows for: the source; the source after LAPT (the papers' recipe: 2x2 + MTP, 2 epochs over |D| lines,
+lr 1e-4 cosine, warmup 100 updates or 10% of a shorter run, lines joined by a newline, not by EOS); and for each
+k x init the expanded model after LAPT **at equal updates** (the source + LAPT's number of optimizer updates, so
+both arms get the same number of steps of the same batch size and sequence length), plus, for the inits of
+``--equal-lines-inits``, after LAPT at **equal lines** (2 epochs over the same lines: the user's data budget, fewer
+updates since an expanded tokenizer packs the lines into fewer tokens). ``--variants`` add rows that change one
+setting of the recipe (the new rows' own lr, the 2-stage order, CLM instead of MTP) for the inits of
+``--variant-inits``; a variant of the objective also runs on the source, so MTP and CLM are compared on both arms.
 
-Resumable across processes: each finished row is written to ``--out.json`` the moment it is done; ``--resume``
-skips finished rows, reuses the models kept in ``--work``, and continues an interrupted LAPT run from its last
-checkpoint (``--save-minutes``). ``--budget-minutes`` stops cleanly (LAPT checkpointed) before a session ends.
-Every size is checked against the others before any model work (:func:`check_sizes`): validation lines must fill
-a sequence under every tokenizer of the grid, the training lines a batch, the held-out file the eval lines and
-prompts, the parallel file the MT pairs and shots.
+Each row is measured with rulers that rank at a 135M model's size, all deterministic:
+- held-out bits/byte on every held-out line, with a bootstrap interval over lines and the paired difference to
+  source + LAPT (same lines); the teacher-forced argmax rate of the new tokens;
+- translation-conditional bits/byte over ``--cond-pairs`` pairs (the reference given the few-shot prompt and its
+  English source, against the same reference after a mismatched source: the gain is what the source is worth);
+- English held-out bits/byte (what LAPT made the model forget);
+- free greedy generation on ``--prompts`` held-out prompts: generation health (EOS-stop rate, mean length,
+  repeated character 8-grams, U+FFFD) and the canonical use of the new tokens, every text stored;
+- few-shot MT chrF, every hypothesis stored (a column only: chrF of a small model ranks degenerate text).
 
-    .venv/bin/python benchmarks/end_to_end.py --budget-minutes 160            # the issue's grid; later: --resume
-    .venv/bin/python benchmarks/end_to_end.py --resume --budget-minutes 160   # continue it in a new process
+Speed is a pass of its own per language (``--speed``, after its rows): every finished model of the language
+generates exactly ``--new-tokens`` greedy tokens (stop ids banned) on the same prompts, interleaved prompt by
+prompt in one process, and each ratio of characters/s is taken against **source + LAPT** (also reported: against
+the source), with a paired bootstrap interval over prompts, the split into characters per token x time per token,
+and held-out tokens per byte. ``--llama-cpp`` does the same in llama.cpp on the models exported with
+``vocgraft export gguf``.
 
-Run it with the cores otherwise idle (it uses every core and records the load average per process).
+Resumable across processes: each finished row (and each speed pass) is written to ``--out.json`` the moment it is
+done; ``--resume`` skips finished rows, reuses the models kept in ``--work`` and continues an interrupted LAPT run
+from its last checkpoint. ``--budget-minutes`` stops cleanly (LAPT checkpointed) before a session ends. Run it with
+the cores otherwise idle: it uses every core and records the load average per row.
+
+    .venv/bin/python benchmarks/end_to_end.py --langs el --budget-minutes 160             # later: --resume
+    .venv/bin/python benchmarks/end_to_end.py --langs el --resume --speed --llama-cpp     # after the rows
 """
 
 from __future__ import annotations
@@ -26,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -37,10 +53,15 @@ from common import new_report
 from distill import parse_init
 
 from vocgraft.corpus import SHARED_CORPORA, read_corpus, read_lines
-from vocgraft.eval import bits_per_byte
+from vocgraft.eval.bpb import heldout_bits_per_byte, paired_bits_per_byte_difference
+from vocgraft.eval.canonical_use import CanonicalUse, canonical_use
 from vocgraft.eval.downstream import new_token_ids
-from vocgraft.eval.generation import generation_speed, generation_speeds, prompts_from_lines
+from vocgraft.eval.fertility import tokens_per_byte
+from vocgraft.eval.generation import GREEDY, generate_one, prompts_from_lines
+from vocgraft.eval.health import generation_health
 from vocgraft.eval.mt import read_pairs, translate_and_score
+from vocgraft.eval.mt_conditional import conditional_bits_per_byte
+from vocgraft.eval.speed import continuation_text, fixed_length_speeds, stop_ids
 from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import atomic_write, write_json
 from vocgraft.plan import VocabPlan
@@ -50,21 +71,17 @@ from vocgraft.report import markdown_table, speedup_quality_png
 from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.marks import choose_keep_marks
 from vocgraft.tokenization.scripts import dominant_scripts
-from vocgraft.train.data import split_validation
+from vocgraft.train.data import pack_tokens, split_validation
 from vocgraft.train.lapt import TrainConfig, TrainingStopped, train
 
 RESULTS = Path(__file__).resolve().parent / "results"
-XLABEL = "greedy generation: characters/s relative to the source (same prompts, same process)"
+SOURCE, SOURCE_LAPT = "source", "source + LAPT"
+XLABEL = "characters/s at a fixed length, relative to source + LAPT (interleaved)"
 # settings that decide what a row measures: a resumed run must have the same ones
 GRID_KEYS = (
     "model", "ks", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
-    "epochs", "max_steps", "lr", "val_lines", "eval_lines", "prompts", "max_new_tokens", "mt_pairs", "shots",
-    "mt_max_new_tokens", "seed",
-)  # fmt: skip
-GENERATION_KEYS = (
-    "generated_tokens", "generated_chars", "seconds", "tokens_per_second", "chars_per_second", "chars_per_token",
-    "new_token_share", "new_emitted_share", "new_canonical_share", "canonical_rate", "canonical_matched",
-    "canonical_matched_share", "noncanonical_new", "prompt_new_share",
+    "epochs", "updates", "lr", "warmup_steps", "join", "val_lines", "eval_lines", "en_lines", "cond_pairs",
+    "prompts", "max_new_tokens", "new_tokens", "mt_pairs", "shots", "mt_max_new_tokens", "seed",
 )  # fmt: skip
 
 
@@ -78,29 +95,69 @@ class OutOfBudget(Exception):
 
 @dataclass
 class Row:
-    """One model of the grid: what to build and measure."""
+    """One model of the grid: what to build and how to train it."""
 
     lang: str
     name: str  # unique within the language: the key a resumed run skips by
-    stage: str  # source | init | LAPT
-    k: int | None = None
+    k: int | None = None  # None: the source
     label: str | None = None  # the init's label (e.g. distill, distill-all)
     method: str | None = None
     options: dict = field(default_factory=dict)
+    lapt: str | None = None  # None (no training) | "updates" (equal updates) | "lines" (equal lines)
+    variant: str | None = None  # the variant's label
+    overrides: dict = field(default_factory=dict)  # TrainConfig settings the variant changes
+
+    @property
+    def model_key(self) -> str:
+        """The folder name of this row's model in ``--work``."""
+        if self.k is None:
+            base = "source"
+        else:
+            base = f"k{self.k}-{self.label}"
+        if self.lapt is None:
+            return base
+        return f"{base}-lapt-{self.lapt}" + (f"-{self.variant}" if self.variant else "")
 
 
 def planned_rows(lang: str, args) -> list[Row]:
-    rows = [Row(lang, "source", "source"), Row(lang, "source + LAPT", "LAPT")]
+    rows = [Row(lang, SOURCE), Row(lang, SOURCE_LAPT, lapt="updates")]
+    variants = [parse_variant(spec) for spec in args.variants]
+    for label, overrides in variants:
+        if "objective" in overrides:  # MTP vs CLM on both arms
+            rows.append(Row(lang, f"{SOURCE_LAPT} [{label}]", lapt="updates", variant=label, overrides=overrides))
     for k in args.ks:
         for spec in args.inits:
             label, method, options, _ = parse_init(spec)
-            rows.append(Row(lang, f"k={k} {label}", "init", k, label, method, options))
-            rows.append(Row(lang, f"k={k} {label} + LAPT", "LAPT", k, label, method, options))
+            init = dict(k=k, label=label, method=method, options=options)
+            rows.append(Row(lang, f"k={k} {label} + LAPT", lapt="updates", **init))
+            if label in args.equal_lines_inits:
+                rows.append(Row(lang, f"k={k} {label} + LAPT (equal lines)", lapt="lines", **init))
+            if label in args.variant_inits:
+                for vlabel, overrides in variants:
+                    rows.append(Row(lang, f"k={k} {label} + LAPT [{vlabel}]", lapt="updates", variant=vlabel,
+                                    overrides=overrides, **init))  # fmt: skip
     return rows
 
 
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``label=key:value,...`` -> (label, TrainConfig overrides), e.g. ``newrows10=new_rows_lr_scale:10``."""
+    label, _, settings = spec.partition("=")
+    overrides = {}
+    for item in filter(None, settings.split(",")):
+        key, _, value = item.partition(":")
+        if key not in TrainConfig.__dataclass_fields__:
+            raise GridError(f"--variants {spec!r}: {key!r} is not a training setting (TrainConfig field).")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    if not label or not overrides:
+        raise GridError(f"--variants {spec!r}: write label=setting:value[,setting:value].")
+    return label, overrides
+
+
 # ----------------------------------------------------------------------------------------------------------
-# sizes, checked before any model work
+# data and sizes, checked before any model work
 
 
 @dataclass
@@ -112,40 +169,44 @@ class LanguageData:
     heldout: list[str]
     prompts: list[str]
     pairs: list[tuple[str, str]]
+    english: list[str]
 
 
 def language_data(lang: str, args) -> LanguageData:
     root = Path(args.corpora)
     corpus = str(root / lang / "train.txt")
-    held = read_lines(root / lang / "heldout.txt", limit=args.eval_lines + args.prompts)
-    if len(held) < args.eval_lines + args.prompts:
+    held = read_lines(root / lang / "heldout.txt")
+    eval_lines = len(held) if args.eval_lines is None else args.eval_lines
+    if len(held) < max(eval_lines, args.prompts):
         raise GridError(
-            f"{root / lang / 'heldout.txt'} has {len(held)} lines; --eval-lines {args.eval_lines} + --prompts "
-            f"{args.prompts} need {args.eval_lines + args.prompts}: lower one of them."
+            f"{root / lang / 'heldout.txt'} has {len(held)} lines; --eval-lines {eval_lines} and --prompts "
+            f"{args.prompts} need {max(eval_lines, args.prompts)}: lower them."
         )
     pairs = read_pairs(root / "parallel" / f"en-{lang}.tsv")
-    if len(pairs) < args.mt_pairs + args.shots:
+    needed = args.shots + max(args.mt_pairs, args.cond_pairs)
+    if len(pairs) < needed:
         raise GridError(
-            f"{root / 'parallel' / f'en-{lang}.tsv'} has {len(pairs)} pairs; --mt-pairs {args.mt_pairs} + --shots "
-            f"{args.shots} need {args.mt_pairs + args.shots}: lower one of them."
+            f"{root / 'parallel' / f'en-{lang}.tsv'} has {len(pairs)} pairs; --shots {args.shots} + --mt-pairs / "
+            f"--cond-pairs need {needed}: lower them."
         )
     sample = read_corpus(corpus, sample=args.lines, seed=args.seed)  # what train() samples with the same seed
     train_lines, val_lines = split_validation(sample, args.val_lines)
-    return LanguageData(
-        corpus, read_lines(corpus, limit=args.aux_lines), train_lines, val_lines, held[: args.eval_lines],
-        prompts_from_lines(held[args.eval_lines :]), pairs,
-    )  # fmt: skip
+    # prompts from the end of the held-out file: bits/byte reads every line, so the two overlap only when the file
+    # is short; held-out either way
+    prompts = prompts_from_lines(held[-args.prompts :])
+    english = read_lines(root / "en" / "heldout.txt", limit=args.en_lines)
+    return LanguageData(corpus, read_lines(corpus, limit=args.aux_lines), train_lines, val_lines,
+                        held[:eval_lines], prompts, pairs, english)  # fmt: skip
 
 
 def check_sizes(lang: str, tokenizers: dict[str, object], data: LanguageData, args) -> dict[str, dict]:
     """Refuse a grid that would fail mid-way: under every tokenizer, the validation lines must fill at least one
-    sequence of ``--seq-len`` and the training lines at least one batch. Returns the token counts per tokenizer."""
-    counts = {}
+    sequence of ``--seq-len`` and the training lines at least one batch. Returns the packed sizes per tokenizer."""
+    sizes = {}
     for name, tokenizer in tokenizers.items():
-        # as pack_tokens packs them: every line's tokens and a separator, cut into whole sequences
-        val_tokens = token_count(tokenizer, data.val_lines)
-        train_chunks = token_count(tokenizer, data.train_lines) // args.seq_len
-        val = val_tokens // args.seq_len
+        val_tokens = token_count(tokenizer, data.val_lines, args.join)
+        train_tokens = token_count(tokenizer, data.train_lines, args.join)
+        train_chunks, val = train_tokens // args.seq_len, val_tokens // args.seq_len
         if val < 1:
             raise GridError(
                 f"{lang}, {name}: the {len(data.val_lines)} validation lines (--val-lines) give {val_tokens} tokens, "
@@ -157,25 +218,27 @@ def check_sizes(lang: str, tokenizers: dict[str, object], data: LanguageData, ar
                 f"{train_chunks} sequences of {args.seq_len}, fewer than one batch of --batch-size "
                 f"{args.batch_size}; raise --lines or lower --batch-size / --seq-len."
             )
-        counts[name] = {"train_sequences": train_chunks, "val_sequences": val, "val_tokens": val_tokens}
-    return counts
+        sizes[name] = {
+            "train_tokens": train_tokens, "train_sequences": train_chunks, "val_sequences": val,
+            "updates_per_epoch": train_chunks // args.batch_size,
+            "heldout_tokens_per_byte": tokens_per_byte(tokenizer, data.heldout),
+        }  # fmt: skip
+    return sizes
 
 
-def token_count(tokenizer, lines: list[str]) -> int:
-    return sum(len(ids) + 1 for ids in tokenizer(lines, add_special_tokens=False)["input_ids"])
+def token_count(tokenizer, lines: list[str], join: str) -> int:
+    """Tokens of ``lines`` as the trainer packs them (with the separator), before the cut into sequences."""
+    try:
+        return pack_tokens(tokenizer, lines, 1, join=join).numel()
+    except ValueError:  # fewer tokens than one sequence of 1: none
+        return 0
 
 
 def aux_tokenizer_for(source_tokenizer, lines: list[str], args):
-    """(the auxiliary tokenizer, the source as the expansion pre-tokenizes): trained on the source's
-    pre-tokenization with combining marks kept with their letters where the script needs it, `vocgraft expand`'s
-    default (:func:`expand_loaded` then follows the auxiliary tokenizer)."""
+    """(the auxiliary tokenizer, the source as the expansion pre-tokenizes): `vocgraft expand`'s default, with
+    combining marks kept with their letters where the script needs it."""
     splitting = choose_keep_marks("auto", source_tokenizer, lines).apply(source_tokenizer)
     return train_aux_tokenizer(splitting, lines, args.aux_vocab_size, args.seed), splitting
-
-
-def expanded_tokenizer(splitting, aux, lines: list[str], k: int):
-    """The expanded tokenizer alone (no model), as :func:`expand_loaded` builds it: for the size checks."""
-    return expand_tokenizer(splitting, aux, lines, k, scripts=dominant_scripts(lines)).tokenizer
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -183,47 +246,55 @@ def expanded_tokenizer(splitting, aux, lines: list[str], k: int):
 
 
 def gpu_name(device: str) -> str:
-    """The GPU the grid's models run on, or "none" (``--device cpu``, or auto on a machine without one)."""
     from vocgraft.devices import resolve_device
 
     resolved = resolve_device(device)
     return torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "none"
 
 
+def free_generation(model, tokenizer, prompts: list[str], max_new_tokens: int, new_ids) -> dict:
+    """Greedy generation as a user gets it (the model may stop): generation health, the canonical use of the new
+    tokens, and every text."""
+    generations, texts, use = [], [], CanonicalUse()
+    for prompt in prompts:
+        ids = generate_one(model, tokenizer, prompt, max_new_tokens, GREEDY)
+        prompt_ids = tokenizer(prompt).input_ids
+        generations.append(ids)
+        texts.append(continuation_text(tokenizer, prompt_ids, ids))
+        if new_ids:
+            use += canonical_use(tokenizer, prompt_ids, ids, new_ids)
+    health = generation_health(tokenizer, generations, max_new_tokens=max_new_tokens,
+                               stop_ids=stop_ids(tokenizer, model), texts=texts)  # fmt: skip
+    return {**health, **(use.summary() if new_ids else {}), "texts": texts}
+
+
 def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -> dict:
-    """Every column of one row, for the model saved in ``model_dir``."""
+    """Every quality column of one row, for the model saved in ``model_dir``."""
     model, tokenizer = load_model(model_dir, device=args.device)
-    start = time.perf_counter()
     new = set(new_ids) if new_ids else None
-    out = {}
-    for mode in ("greedy", "sampled"):  # first, right after the source's (the speed ratio's two sides)
-        result = generation_speed(
-            model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
-            new_token_ids=new, seed=args.seed,
-        )  # fmt: skip
-        out[mode] = {key: result.get(key) for key in GENERATION_KEYS}
-    # with the new ids: the teacher-forced argmax rate of the new tokens, from the same logits
-    out["bpb"] = bits_per_byte(model, tokenizer, data.heldout, show_progress=False, new_token_ids=new)
-    mt = translate_and_score(
-        model, tokenizer, data.pairs, lang, shots=args.shots, limit=args.mt_pairs,
-        max_new_tokens=args.mt_max_new_tokens,
-    )  # fmt: skip
-    out["mt"] = {k: mt[k] for k in ("direction", "shots", "pairs", "chrf")} | {"rows": mt["rows"][:3]}
-    out["eval_seconds"] = time.perf_counter() - start
+    out, seconds = {}, {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        out[name] = fn()
+        seconds[name] = time.perf_counter() - start
+
+    boot = {"seed": args.seed}
+    timed("bpb", lambda: heldout_bits_per_byte(model, tokenizer, data.heldout, new_token_ids=new,
+                                               show_progress=False, bootstrap=boot))  # fmt: skip
+    timed("english_bpb", lambda: heldout_bits_per_byte(model, tokenizer, data.english, show_progress=False,
+                                                       bootstrap=boot))  # fmt: skip
+    timed("cond", lambda: conditional_bits_per_byte(model, tokenizer, data.pairs, lang, shots=args.shots,
+                                                    limit=args.cond_pairs, show_progress=False,
+                                                    bootstrap=boot))  # fmt: skip
+    timed("generation", lambda: free_generation(model, tokenizer, data.prompts, args.max_new_tokens, new))
+    timed("mt", lambda: translate_and_score(model, tokenizer, data.pairs, lang, shots=args.shots,
+                                            limit=args.mt_pairs, max_new_tokens=args.mt_max_new_tokens))  # fmt: skip
+    out["english_bpb"].pop("bits_per_line", None)  # the per-line sums matter for the paired held-out difference only
+    out["english_bpb"].pop("bytes_per_line", None)
+    out["cond"] = {k: v for k, v in out["cond"].items() if not k.endswith("_per_pair")}
+    out["eval_seconds"] = seconds
     return out
-
-
-def source_generation(model_dir: str, data: LanguageData, args) -> dict:
-    """The source's characters/s on the prompts, measured right before a row's own generation (same prompts, same
-    process, the machine in the same state): the reference of that row's speed ratios."""
-    model, tokenizer = load_model(model_dir, device=args.device)
-    return {
-        mode: generation_speed(
-            model, tokenizer, data.prompts, sampled=mode == "sampled", max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )["chars_per_second"]
-        for mode in ("greedy", "sampled")
-    }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -235,81 +306,29 @@ def complete(model_dir: Path) -> bool:
     return (model_dir / "vocgraft.json").is_file() and (model_dir / "config.json").is_file()
 
 
-def lapt(model_dir: str, out: Path, corpus: str, args, stop_at: float | None) -> dict:
-    """LAPT of ``model_dir`` into ``out``, continuing from ``out``'s checkpoints when an earlier process left some;
-    a finished ``out`` is reused. Returns the run's summary."""
+LAPT_FACTS = (
+    "recipe", "strategy", "objective", "steps", "budget", "epochs", "warmup_steps", "train_lines", "train_sequences",
+    "tokens_per_step", "tokens_trained", "join", "separator", "new_rows", "tokens_per_second", "train_seconds",
+    "val_loss_start", "val_loss_end", "val", "resumed_from_step", "torch_threads", "dtype", "mixed_precision",
+    "device",
+)  # fmt: skip
+
+
+def lapt(model_dir: str, out: Path, corpus: str, args, stop_at, max_steps: int | None, overrides: dict) -> dict:
+    """LAPT of ``model_dir`` into ``out`` with the grid's recipe (``max_steps``: equal updates; None: the recipe's
+    epochs over the lines), continuing from ``out``'s checkpoints when an earlier process left some; a finished
+    ``out`` is reused. Returns the run's facts."""
     if not complete(out):
-        config = TrainConfig(
+        settings = dict(
             model=model_dir, corpus=corpus, out=str(out), strategy=args.strategy, objective=args.objective,
-            seq_len=args.seq_len, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps,
-            lr=args.lr, sample=args.lines, val_lines=args.val_lines, seed=args.seed, show_progress=args.progress,
-            resume=True, save_minutes=args.save_minutes, stop_at=stop_at,
+            seq_len=args.seq_len, batch_size=args.batch_size, epochs=args.epochs, max_steps=max_steps, lr=args.lr,
+            warmup_steps=args.warmup_steps, join=args.join, sample=args.lines, val_lines=args.val_lines,
+            seed=args.seed, show_progress=args.progress, resume=True, save_minutes=args.save_minutes,
+            stop_at=stop_at, device=args.device, recipe="papers",
         )  # fmt: skip
-        train(config)
+        train(TrainConfig(**(settings | overrides)))
     summary = json.loads((out / "train_log.json").read_text(encoding="utf-8"))["summary"]
-    keep = (
-        "steps",
-        "epochs",
-        "train_sequences",
-        "tokens_per_step",
-        "tokens_per_second",
-        "train_seconds",
-        "val_loss_start",
-        "val_loss_end",
-        "resumed_from_step",
-        "torch_threads",
-        "dtype",
-        "mixed_precision",
-    )
-    facts = {k: summary.get(k) for k in keep}
-    facts["tokens_trained"] = summary["steps"] * summary["tokens_per_step"]
-    return facts
-
-
-def model_dir_of(row: dict, args) -> str:
-    """Where a finished row's model is kept (``--work``): the paths :meth:`Grid.build` writes to."""
-    work = Path(args.work) / row["lang"]
-    if row["stage"] == "source":
-        return args.model
-    if row["k"] is None:
-        return str(work / "source-lapt")
-    return str(work / (f"k{row['k']}-{row['init']}" + ("-lapt" if row["stage"] == "LAPT" else "")))
-
-
-def speed_pass(report: dict, args, save) -> None:
-    """Characters/s of every finished row against the source, the two interleaved prompt by prompt
-    (:func:`vocgraft.eval.generation.generation_speeds`) in one process: a drift of the machine's speed hits both
-    sides alike. Run it on otherwise idle cores after the grid; its figures replace the grid's own ratios."""
-    for lang in args.langs:
-        entry = report["langs"].get(lang)
-        if not entry:
-            continue
-        data = language_data(lang, args)
-        source = load_model(args.model, device=args.device)
-        for row in entry["rows"]:
-            if ("speed" in row and not args.redo_speed) or (args.speed_rows and row["name"] not in args.speed_rows):
-                continue
-            model_dir = model_dir_of(row | {"lang": lang}, args)
-            model, tokenizer = source if row["stage"] == "source" else load_model(model_dir, device=args.device)
-            new = new_token_ids(model_dir) if row["stage"] != "source" else None
-            load_before = os.getloadavg()
-            speed = {"load_before": load_before}
-            for mode in ("greedy", "sampled"):
-                mine, reference = generation_speeds(
-                    [(model, tokenizer, new), (*source, None)], data.prompts, sampled=mode == "sampled",
-                    max_new_tokens=args.max_new_tokens, seed=args.seed,
-                )  # fmt: skip
-                speed[mode] = {key: mine.get(key) for key in GENERATION_KEYS}
-                speed[mode]["source_chars_per_second"] = reference["chars_per_second"]
-                speed[mode]["chars_per_second_vs_source"] = mine["chars_per_second"] / reference["chars_per_second"]
-            speed |= {"load_after": os.getloadavg(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-            row["speed"] = speed
-            save()
-            g, sm = speed["greedy"], speed["sampled"]
-            ratios = (
-                f"x{g['chars_per_second_vs_source']:.2f} (greedy) x{sm['chars_per_second_vs_source']:.2f} (sampled)"
-            )
-            print(f"{lang} {row['name']}: chars/s {ratios}, interleaved with the source", flush=True)
+    return {k: summary.get(k) for k in LAPT_FACTS}
 
 
 class Grid:
@@ -317,17 +336,19 @@ class Grid:
         self.args, self.report, self.process, self.save = args, report, process, save
         self.stop_at = time.time() + 60 * args.budget_minutes if args.budget_minutes else None
 
+    def rows_of(self, lang: str) -> list[dict]:
+        return self.report["langs"].get(lang, {}).get("rows", [])
+
     def done(self, lang: str, name: str) -> bool:
-        return any(r["name"] == name for r in self.report["langs"].get(lang, {}).get("rows", []))
+        return any(r["name"] == name for r in self.rows_of(lang))
 
     def check_budget(self) -> None:
         if self.stop_at is not None and time.time() >= self.stop_at:
             raise OutOfBudget()
 
     def prepare(self, lang: str) -> tuple | None:
-        """(data, tokenizers, aux, splitting) of a language with rows left to run, its sizes checked; None when
-        every row of it was finished earlier. Cheap (tokenizers only): every language is prepared before any
-        model work, so a size that cannot work stops the grid before hours are spent on another language."""
+        """(data, tokenizers, aux) of a language with rows left to run, its sizes checked; None when every row of
+        it was finished earlier. Cheap (tokenizers only): every language is prepared before any model work."""
         args = self.args
         entry = self.report["langs"].setdefault(lang, {"rows": [], "errors": []})
         if all(self.done(lang, r.name) for r in planned_rows(lang, args)):
@@ -339,25 +360,33 @@ class Grid:
         aux, splitting = aux_tokenizer_for(source_tokenizer, data.aux_lines, args)
         tokenizers = {"source": source_tokenizer}
         for k in args.ks:
-            tokenizers[f"k={k}"] = expanded_tokenizer(splitting, aux, data.aux_lines, k)
+            scripts = dominant_scripts(data.aux_lines)
+            tokenizers[f"k={k}"] = expand_tokenizer(splitting, aux, data.aux_lines, k, scripts=scripts).tokenizer
         entry["sizes"] = check_sizes(lang, tokenizers, data, args)
         entry["tokenizer_seconds"] = time.perf_counter() - start
         return data, tokenizers, aux
 
+    def equal_updates(self, lang: str) -> int | None:
+        """The updates every equal-updates row trains: ``--updates``, else what source + LAPT trained (None
+        before it ran: source + LAPT then trains the recipe's epochs and sets it)."""
+        if self.args.updates:
+            return self.args.updates
+        source = next((r for r in self.rows_of(lang) if r["name"] == SOURCE_LAPT), None)
+        return source["lapt"]["steps"] if source else None
+
     def run_language(self, lang: str, prepared: tuple) -> None:
         args, work = self.args, Path(self.args.work) / lang
         data, tokenizers, aux = prepared
-        source_tokenizer = tokenizers["source"]
         entry = self.report["langs"][lang]
-        rows = planned_rows(lang, args)
-        for row in rows:
+        for row in planned_rows(lang, args):
             if self.done(lang, row.name):
                 print(f"{lang} {row.name}: finished earlier, skipped", flush=True)
                 continue
             self.check_budget()
             started, cpu_started, load_before = time.perf_counter(), time.process_time(), os.getloadavg()
             try:
-                fields = self.build(row, work, data, source_tokenizer, aux, tokenizers)
+                fields = self.build(row, work, data, tokenizers["source"], aux)
+                measured = measure(fields.pop("model_dir"), data, lang, args, fields.pop("new_ids", None))
             except (TrainingStopped, OutOfBudget):
                 raise
             except Exception as exc:  # one failing row does not stop the grid; a resumed run retries it
@@ -365,37 +394,36 @@ class Grid:
                 entry["errors"].append({"row": row.name, "process": self.process, "error": repr(exc)})
                 self.save()
                 continue
-            reference = source_generation(args.model, data, args)
-            measured = measure(fields.pop("model_dir"), data, lang, args, fields.get("new_ids"))
-            fields.pop("new_ids", None)
-            measured["source_chars_per_second"] = reference
-            for mode in ("greedy", "sampled"):
-                measured[mode]["chars_per_second_vs_source"] = measured[mode]["chars_per_second"] / reference[mode]
             done = {
-                "name": row.name, "stage": row.stage, "k": row.k, "init": row.label, "options": row.options,
-                **fields, **measured, "seconds": time.perf_counter() - started, "process": self.process,
+                "name": row.name, "k": row.k, "init": row.label, "options": row.options, "lapt_arm": row.lapt,
+                "variant": row.variant, "overrides": row.overrides, **fields, **measured,
+                "seconds": time.perf_counter() - started, "process": self.process,
                 "cpu_seconds": time.process_time() - cpu_started, "load_before": load_before,
                 "load_after": os.getloadavg(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "device": gpu_name(args.device),
             }  # fmt: skip
             entry["rows"].append(done)
+            add_paired_difference(entry)
             self.save()
             print_row(lang, done)
 
-    def build(self, row: Row, work: Path, data: LanguageData, source_tokenizer, aux, tokenizers) -> dict:
+    def build(self, row: Row, work: Path, data: LanguageData, source_tokenizer, aux) -> dict:
         """The row's model directory (built, trained, or kept from an earlier process) and its facts."""
         args = self.args
-        if row.stage == "source":
+        if row.k is None and row.lapt is None:
             return {"model_dir": args.model}
-        if row.k is None:  # source + LAPT
-            out = work / "source-lapt"
-            return {"model_dir": str(out), "lapt": lapt(args.model, out, data.corpus, args, self.stop_at)}
-        expanded = work / f"k{row.k}-{row.label}"
-        facts = self.expand(row, expanded, data, source_tokenizer, aux)
-        facts["tokenizer_new_share"] = new_share(tokenizers[f"k={row.k}"], data.heldout, facts["new_ids"])
-        if row.stage == "init":
-            return {"model_dir": str(expanded), **facts}
-        out = work / f"k{row.k}-{row.label}-lapt"
-        return {"model_dir": str(out), **facts, "lapt": lapt(str(expanded), out, data.corpus, args, self.stop_at)}
+        facts: dict = {}
+        base = args.model
+        if row.k is not None:
+            expanded = work / f"k{row.k}-{row.label}"
+            facts = self.expand(row, expanded, data, source_tokenizer, aux)
+            base = str(expanded)
+        steps = self.equal_updates(row.lang) if row.lapt == "updates" else None
+        if row.lapt == "updates" and steps is None and row.name != SOURCE_LAPT:
+            raise GridError(f"{row.name}: equal updates need source + LAPT's count first (or --updates).")
+        out = work / row.model_key
+        facts["lapt"] = lapt(base, out, data.corpus, args, self.stop_at, steps, row.overrides)
+        return {"model_dir": str(out), **facts}
 
     def expand(self, row: Row, out: Path, data: LanguageData, source_tokenizer, aux) -> dict:
         """Expand and initialize into ``out`` (deterministic for the seed), or read what an earlier process saved."""
@@ -408,27 +436,107 @@ class Grid:
             manifest = {"method": {"init": row.method, "options": row.options, "new_tokens": row.k},
                         "timings": done.timings}  # fmt: skip
             save_adapted(model, done.tokenizer, done.plan, out, overwrite=True, manifest=manifest)
-            del model
         manifest = json.loads((out / "vocgraft.json").read_text(encoding="utf-8"))
         new_ids = VocabPlan.from_json(out / "vocgraft-plan.json").new_ids
         return {"new_ids": list(new_ids), "init_seconds": manifest.get("timings", {}).get("init_seconds")}
 
 
-def new_share(tokenizer, lines, new_ids) -> float:
-    new = set(new_ids)
-    ids = [t for row in tokenizer(list(lines), add_special_tokens=False)["input_ids"] for t in row]
-    return sum(t in new for t in ids) / max(len(ids), 1)
+def add_paired_difference(entry: dict) -> None:
+    """Each row's held-out bits/byte minus source + LAPT's on the same lines, with the paired interval."""
+    rows = {r["name"]: r for r in entry["rows"]}
+    reference = rows.get(SOURCE_LAPT)
+    if reference is None:
+        return
+    for row in rows.values():
+        if "bits_per_line" in row["bpb"] and "vs_source_lapt" not in row["bpb"]:
+            row["bpb"]["vs_source_lapt"] = paired_bits_per_byte_difference(row["bpb"], reference["bpb"])
 
 
-def print_row(lang: str, row: dict) -> None:
-    g, s = row["greedy"], row["sampled"]
-    rate = g.get("canonical_rate")
-    print(
-        f"{lang} {row['name']}: {row['bpb']['bits_per_byte']:.3f} bits/byte, greedy canonical rate "
-        f"{'-' if rate is None else f'{rate:.2f}'}, chars/s x{g['chars_per_second_vs_source']:.2f} (greedy) "
-        f"x{s['chars_per_second_vs_source']:.2f} (sampled), chrF {row['mt']['chrf']:.1f}, {row['seconds']:.0f} s",
-        flush=True,
-    )
+def model_dir_of(lang: str, row: dict, args) -> str:
+    """Where a finished row's model is kept (``--work``): the path :meth:`Grid.build` wrote."""
+    planned = {r.name: r for r in planned_rows(lang, args)}
+    if row["name"] == SOURCE:
+        return args.model
+    return str(Path(args.work) / lang / planned[row["name"]].model_key)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# speed passes: every model of a language interleaved prompt by prompt, against source + LAPT
+
+
+def speed_pass(report: dict, args, save) -> None:
+    for lang in args.langs:
+        entry = report["langs"].get(lang)
+        if not entry or not entry["rows"] or ("speed" in entry and not args.redo_speed):
+            continue
+        names = [r["name"] for r in entry["rows"]]
+        if SOURCE_LAPT not in names:
+            print(f"{lang}: no source + LAPT row yet; the speed pass needs it as its baseline", flush=True)
+            continue
+        data = language_data(lang, args)
+        rows = {r["name"]: r for r in entry["rows"]}
+        models = {name: load_model(model_dir_of(lang, rows[name], args), device=args.device) for name in names}
+        load_before = os.getloadavg()
+        speed = fixed_length_speeds(models, data.prompts, new_tokens=args.new_tokens, baseline=SOURCE_LAPT,
+                                    bootstrap={"seed": args.seed})  # fmt: skip
+        against_source = fixed_length_ratios(speed, SOURCE)
+        for name, result in speed["models"].items():
+            result["chars_per_second_ratio_vs_source"] = against_source[name]
+            result["heldout_tokens_per_byte"] = tokens_per_byte(models[name][1], data.heldout)
+        speed |= {"load_before": load_before, "load_after": os.getloadavg(),
+                  "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "device": gpu_name(args.device)}  # fmt: skip
+        entry["speed"] = speed
+        save()
+        for name, result in speed["models"].items():
+            ratio = result["chars_per_second_ratio"]
+            print(f"{lang} {name}: x{ratio['estimate']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] chars/s vs "
+                  f"source + LAPT ({result['chars_per_token']:.2f} chars/token)", flush=True)  # fmt: skip
+        del models
+
+
+def fixed_length_ratios(speed: dict, baseline: str) -> dict[str, float]:
+    """Characters/s of each model over the ``baseline``'s in the same interleaved pass (point estimates)."""
+    base = speed["models"][baseline]["chars_per_second"]
+    return {name: result["chars_per_second"] / base for name, result in speed["models"].items()}
+
+
+def llama_cpp_pass(report: dict, args, save) -> None:
+    """Export every finished model of a language with `vocgraft export gguf` and measure it in llama.cpp."""
+    from llama_cpp_speed import llama_cpp_speeds
+
+    for lang in args.langs:
+        entry = report["langs"].get(lang)
+        if not entry or not entry["rows"] or ("llama_cpp" in entry and not args.redo_speed):
+            continue
+        data = language_data(lang, args)
+        models = {}
+        for row in entry["rows"]:
+            folder = model_dir_of(lang, row, args)
+            if row["name"] == SOURCE:
+                folder = str(load_model_dir(args.model))
+            gguf = Path(args.work) / lang / "gguf" / f"{Path(folder).name}.gguf"
+            if not gguf.is_file():
+                gguf.parent.mkdir(parents=True, exist_ok=True)
+                subprocess.run([sys.executable, "-m", "vocgraft.cli", "export", "gguf", "--model", folder, "--out",
+                                str(gguf), "--outtype", "f32"], check=True)  # fmt: skip
+            models[row["name"]] = (gguf, load_tokenizer(folder))
+        load_before = os.getloadavg()
+        speed = llama_cpp_speeds(models, data.prompts, new_tokens=args.new_tokens, baseline=SOURCE_LAPT,
+                                 n_threads=args.threads, bootstrap={"seed": args.seed})  # fmt: skip
+        against_source = fixed_length_ratios(speed, SOURCE)
+        for name, result in speed["models"].items():
+            result["chars_per_second_ratio_vs_source"] = against_source[name]
+        speed |= {"load_before": load_before, "load_after": os.getloadavg(),
+                  "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+        entry["llama_cpp"] = speed
+        save()
+
+
+def load_model_dir(spec: str) -> Path:
+    """The Hugging Face folder a model spec resolves to (a packaged GGUF: its cached conversion)."""
+    from vocgraft.models import resolve
+
+    return Path(resolve(spec))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -441,26 +549,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--corpora", default=str(SHARED_CORPORA), help="folder of <lang>/{train,heldout}.txt")
     parser.add_argument("--langs", nargs="*", default=["el", "hi"])
     parser.add_argument("--ks", nargs="*", type=int, default=[1000])
-    parser.add_argument(
-        "--inits", nargs="*", default=["mean", "align", "distill"], help="as in benchmarks/distill.py: label=key:value"
-    )
+    parser.add_argument("--inits", nargs="*", default=["mean", "align", "distill=distill_merge:all"],
+                        help="as in benchmarks/distill.py: label=key:value")  # fmt: skip
+    parser.add_argument("--equal-lines-inits", nargs="*", default=["distill"], help="init labels also trained at equal lines")
+    parser.add_argument("--variants", nargs="*", default=[],
+                        help="label=setting:value rows, e.g. newrows10=new_rows_lr_scale:10 "
+                        "two-stage=strategy:two-stage-2x2 clm=objective:clm")  # fmt: skip
+    parser.add_argument("--variant-inits", nargs="*", default=["distill"], help="init labels the variants run for")
     parser.add_argument("--aux-lines", type=int, default=8192, help="training lines for aux tokenizer and inits")
     parser.add_argument("--aux-vocab-size", type=int, default=16000)
-    # LAPT: the papers' recipe
+    # LAPT: the papers' recipe; batch and sequence smaller than the papers' on a CPU, the same for every arm
     parser.add_argument("--lines", type=int, default=2048, help="|D|: LAPT lines sampled from the training file")
     parser.add_argument("--strategy", default="2x2")
     parser.add_argument("--objective", default="mtp")
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--epochs", type=float, default=2.0, help="source + LAPT's and the equal-lines rows' epochs")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="the equal-updates rows' updates (default: what source + LAPT trains)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--warmup-steps", type=int, default=100, help="at most 10%% of a run's updates, at least 1")
+    parser.add_argument("--join", default="newline", help="what joins corpus lines in LAPT: newline | eos | none")
     parser.add_argument("--val-lines", type=int, default=64)
     parser.add_argument("--save-minutes", type=float, default=10.0, help="LAPT checkpoint interval")
     # evaluation
-    parser.add_argument("--eval-lines", type=int, default=200, help="held-out lines for bits/byte")
-    parser.add_argument("--prompts", type=int, default=20, help="held-out lines after them, cut into prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--eval-lines", type=int, default=None, help="held-out lines for bits/byte (default: all)")
+    parser.add_argument("--en-lines", type=int, default=500, help="English held-out lines for bits/byte")
+    parser.add_argument("--cond-pairs", type=int, default=1000, help="pairs for translation-conditional bits/byte")
+    parser.add_argument("--prompts", type=int, default=50, help="prompts cut from the last held-out lines")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="free greedy generation (may stop)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="the speed passes' fixed length")
     parser.add_argument("--mt-pairs", type=int, default=50)
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--mt-max-new-tokens", type=int, default=128)
@@ -476,22 +594,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--note", default="", help="a line for the md (e.g. why this is a reduced run)")
     parser.add_argument("--out", default=str(RESULTS / "end_to_end"))
     parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json")
-    parser.add_argument(
-        "--speed-pass", action="store_true",
-        help="after the grid: measure every finished row's chars/s interleaved with the source's (idle cores)",
-    )  # fmt: skip
-    parser.add_argument("--redo-speed", action="store_true", help="--speed-pass: measure rows that have it again")
-    parser.add_argument(
-        "--speed-rows", type=lambda text: [name.strip() for name in text.split(",")],
-        help="--speed-pass: only these rows (names as in the table, e.g. 'k=1000 distill-all + LAPT'); a row takes "
-        "about 7 minutes on 2 cores",
-    )  # fmt: skip
+    parser.add_argument("--speed", action="store_true", help="after the rows: the fixed-length speed pass (idle cores)")
+    parser.add_argument("--llama-cpp", action="store_true", help="after the rows: the same speed pass in llama.cpp")
+    parser.add_argument("--redo-speed", action="store_true", help="measure a language's speed again")
     args = parser.parse_args(argv)
-    for name in ("lines", "val_lines", "eval_lines", "prompts", "mt_pairs", "seq_len", "batch_size", "threads"):
+    for name in ("lines", "val_lines", "prompts", "mt_pairs", "cond_pairs", "en_lines", "seq_len", "batch_size",
+                 "threads", "new_tokens", "max_new_tokens"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     if args.val_lines >= args.lines:
         parser.error(f"--val-lines {args.val_lines} must be fewer than --lines {args.lines} (LAPT trains on the rest)")
+    if args.prompts < 2 or args.cond_pairs < 2:
+        parser.error("--prompts and --cond-pairs need at least 2 (intervals; a mismatched source)")
+    try:
+        for spec in args.variants:
+            parse_variant(spec)
+    except GridError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -507,9 +626,9 @@ def open_report(args) -> dict:
     if changed:
         diffs = ", ".join(f"--{k.replace('_', '-')} {report['args'].get(k)!r} -> {getattr(args, k)!r}" for k in changed)
         raise GridError(f"--resume: {path} was run with other settings ({diffs}); use the same ones or another --out.")
-    # a resume may add languages and inits (rows are keyed by name), never change an init it already ran
-    for key in ("langs", "inits"):
-        report["args"][key] = list(dict.fromkeys(report["args"][key] + getattr(args, key)))
+    # a resume may add languages, inits and variants (rows are keyed by name), never change one it already ran
+    for key in ("langs", "inits", "variants", "equal_lines_inits", "variant_inits"):
+        report["args"][key] = list(dict.fromkeys(report["args"].get(key, []) + getattr(args, key)))
     return report
 
 
@@ -528,6 +647,7 @@ def main(argv=None) -> int:
     report["processes"].append({
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "pid": os.getpid(), "load_before": os.getloadavg(),
         "torch_threads": torch.get_num_threads(), "resume": args.resume, "budget_minutes": args.budget_minutes,
+        "device": gpu_name(args.device),
     })  # fmt: skip
     process = len(report["processes"]) - 1
     start = time.perf_counter()
@@ -538,10 +658,6 @@ def main(argv=None) -> int:
         write_json(out_json, report)
         write_markdown(report, Path(f"{args.out}.md"))
 
-    if args.speed_pass:
-        speed_pass(report, args, save)
-        save()
-        return 0
     grid = Grid(args, report, process, save)
     try:
         prepared = {lang: grid.prepare(lang) for lang in args.langs}
@@ -549,6 +665,10 @@ def main(argv=None) -> int:
             if ready is not None:
                 grid.run_language(lang, ready)
         report["finished"] = all(grid.done(lang, r.name) for lang in args.langs for r in planned_rows(lang, args))
+        if args.speed:
+            speed_pass(report, args, save)
+        if args.llama_cpp:
+            llama_cpp_pass(report, args, save)
     except (TrainingStopped, OutOfBudget) as exc:
         report["processes"][process]["stopped"] = f"--budget-minutes {args.budget_minutes} ran out: {exc}".strip()
         print(f"stopped: the budget ran out ({exc}); run again with --resume to continue.", flush=True)
@@ -556,115 +676,138 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     save()
-    if args.work and report.get("finished"):
-        print(f"every row is finished; the models are kept in {args.work} (delete it when done)", flush=True)
     return 0
 
 
-def generation_of(row: dict) -> tuple[dict, dict]:
-    """(greedy, sampled) results of a row: the speed pass's when it ran (interleaved with the source), else the
-    grid's own."""
-    speed = row.get("speed")
-    return (speed["greedy"], speed["sampled"]) if speed else (row["greedy"], row["sampled"])
+# ----------------------------------------------------------------------------------------------------------
+# the report
 
 
-def table_row(r: dict) -> list:
-    (g, s), lapt_facts = generation_of(r), r.get("lapt") or {}
+def print_row(lang: str, row: dict) -> None:
+    b, g, c = row["bpb"], row["generation"], row["cond"]
+    rate = g.get("canonical_rate")
+    print(
+        f"{lang} {row['name']}: {b['bits_per_byte']:.3f} bits/byte [{b['interval']['low']:.3f}, "
+        f"{b['interval']['high']:.3f}], English {row['english_bpb']['bits_per_byte']:.3f}, MT gain "
+        f"{c['gain_bits_per_byte']:.3f}, EOS stops {g['eos_stop_rate']:.2f}, repeats "
+        f"{fmt(g['repeated_char_ngram_share'])}, canonical rate {fmt(rate)}, updates "
+        f"{(row.get('lapt') or {}).get('steps', '-')}, {row['seconds']:.0f} s",
+        flush=True,
+    )
+
+
+def fmt(value, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def interval(d: dict | None, digits: int = 3) -> str:
+    if not d:
+        return "–"
+    return f"{d['estimate']:.{digits}f} [{d['low']:.{digits}f}, {d['high']:.{digits}f}]"
+
+
+def quality_row(r: dict) -> list:
+    lapt_facts, g = r.get("lapt") or {}, r["generation"]
     return [
-        r["name"], r["bpb"]["bits_per_byte"], r["bpb"]["uniform_bits_per_byte"],
-        g.get("new_emitted_share", g.get("new_token_share")), g.get("new_canonical_share"), g.get("canonical_rate"),
-        s.get("canonical_rate"), r["bpb"].get("argmax_new_share"), r.get("tokenizer_new_share"),
-        g["chars_per_second_vs_source"],
-        s["chars_per_second_vs_source"], g["chars_per_token"], r["mt"]["chrf"], lapt_facts.get("tokens_trained"),
-        lapt_facts.get("train_seconds"), r["seconds"], load_span(r), r["process"],
-        "speed pass" if r.get("speed") else "grid",
+        r["name"], interval(r["bpb"]["interval"]), interval(r["bpb"].get("vs_source_lapt")),
+        interval(r["english_bpb"]["interval"]), interval(r["cond"]["gain"]), fmt(g.get("canonical_rate")),
+        fmt(r["bpb"].get("argmax_new_share")), fmt(g["eos_stop_rate"]), fmt(g["mean_new_tokens"], 1),
+        fmt(g["repeated_char_ngram_share"]), fmt(g["replacement_char_share"], 3), fmt(r["mt"]["chrf"], 1),
+        lapt_facts.get("steps", "–"), lapt_facts.get("tokens_trained", "–"), fmt(lapt_facts.get("epochs")),
+        lapt_facts.get("warmup_steps", "–"),
+        f"{fmt(lapt_facts.get('val_loss_start'))} -> {fmt(lapt_facts.get('val_loss_end'))}" if lapt_facts else "–",
+        fmt(lapt_facts.get("train_seconds"), 0), fmt(r["seconds"], 0), load_span(r), r.get("device", "none"),
+    ]  # fmt: skip
+
+
+def speed_rows(speed: dict) -> list[list]:
+    return [
+        [name, interval(m["chars_per_second_ratio"], 2), fmt(m["chars_per_second_ratio_vs_source"]),
+         fmt(m["chars_per_token"]), fmt(m["chars_per_token_ratio"]), fmt(m["time_per_token_ratio"]),
+         fmt(1000 * m["decode_seconds_per_step"], 1), fmt(1000 * m["first_token_seconds_mean"], 1),
+         fmt(m.get("heldout_tokens_per_byte"), 3), m["short_generations"]]
+        for name, m in speed["models"].items()
     ]  # fmt: skip
 
 
 def load_span(row: dict) -> str:
-    """The 1-minute load average when the row started and when it ended (rows before this column: blank)."""
-    if "load_before" not in row:
-        return ""
     return f"{row['load_before'][0]:.1f} -> {row['load_after'][0]:.1f}"
 
 
 def write_markdown(report: dict, path: Path) -> None:
     a = report["args"]
-    procs = report["processes"]
+    budget = f"{a['updates']} updates" if a.get("updates") else "source + LAPT's updates"
     parts = [
         f"# End to end: init -> LAPT -> generation, {report['model']}\n",
-        (
-            "Every row of the grid is finished."
-            if report.get("finished")
-            else "**The grid is not finished: the rows below are the ones completed so far** (`--resume` goes on)."
-        )
-        + (f" {a['note']}" if a.get("note") else "")
-        + "\n",
-        f"{report['machine']}, GPU: {report.get('gpu', 'none')}. Each row's speed ratios are against the source's "
-        "generation measured right before the row's own, in the same process. Processes (a row's 'proc' column "
-        "names the one that ran it; those after the first continued the grid with --resume):\n",
+        ("Every row of the grid is finished." if report.get("finished")
+         else "**The grid is not finished: the rows below are the ones completed so far** (`--resume` goes on).")
+        + (f" {a['note']}" if a.get("note") else "") + "\n",
+        f"{report['machine']}, GPU: {report.get('gpu', 'none')}; each row names the device it ran on. Processes:\n",
         markdown_table(
-            ["process", "started", "wall min", "load before", "load after", "threads", "resumed", "stopped"],
-            [
-                [
-                    i,
-                    p["started"],
-                    p.get("wall_seconds", 0) / 60,
-                    " / ".join(f"{x:.1f}" for x in p["load_before"]),
-                    " / ".join(f"{x:.1f}" for x in p.get("load_after", p["load_before"])),
-                    p["torch_threads"],
-                    "yes" if p["resume"] else "no",
-                    p.get("stopped", ""),
-                ]
-                for i, p in enumerate(procs)
-            ],
-        ),
+            ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed", "stopped"],
+            [[i, p["started"], p.get("wall_seconds", 0) / 60, " / ".join(f"{x:.1f}" for x in p["load_before"]),
+              " / ".join(f"{x:.1f}" for x in p.get("load_after", p["load_before"])), p["torch_threads"],
+              p.get("device", "none"), "yes" if p["resume"] else "no", p.get("stopped", "")]
+             for i, p in enumerate(report["processes"])],
+        ),  # fmt: skip
         f"\nSettings: languages {', '.join(a['langs'])}; k {', '.join(map(str, a['ks']))}; inits "
-        f"{', '.join(a['inits'])}; auxiliary BPE of {a['aux_vocab_size']} on the first {a['aux_lines']} training lines "
-        f"(also the inits' corpus), combining marks kept where the script needs them. LAPT: {a['strategy']} + "
-        f"{a['objective']}, sequence length {a['seq_len']}, batch {a['batch_size']}, |D| = {a['lines']} sampled lines "
-        f"({a['val_lines']} held out for validation), "
-        + (f"{a['max_steps']} steps" if a["max_steps"] else f"{a['epochs']:g} epoch(s)")
-        + f", lr {a['lr']}. Bits/byte on the first {a['eval_lines']} held-out lines; greedy and sampled generation "
-        f"({a['max_new_tokens']} new tokens at most) on {a['prompts']} prompts cut from the held-out lines after "
-        f"them; {a['shots']}-shot MT en->xx chrF on {a['mt_pairs']} pairs.\n",
-        "Columns: 'emitted new' / 'canonical new': share of the generated tokens that are new ids, as the model "
-        "emitted them / in the canonical re-encoding of the same text by the model's tokenizer; 'canon. rate': new "
-        "ids emitted / new ids in the canonical encoding (summed over prompts); 'argmax new': teacher-forced, the "
-        "share of the held-out text's new-token positions where the model's argmax is that token; 'text new': "
-        "share of new ids in the held-out text; 'x chars/s': characters per second relative to the source on the "
-        "same prompts (rows with a speed pass: the two generated interleaved, prompt by prompt, in one process on "
-        "otherwise idle cores; the generation columns are then the pass's); 'c/tok': characters per generated "
-        "token; 'LAPT tokens' / 'LAPT s': tokens trained and "
-        "seconds of training steps; "
-        "'row s': wall seconds of the row (build, train, measure); 'load': the 1-minute load average when the row "
-        "started -> ended (2 cores: above ~2.5 something else shared them); 'proc': the process that ran it; "
-        "'generation from': the speed pass's generation columns or the grid row's own.\n",
+        f"{', '.join(a['inits'])}; auxiliary BPE of {a['aux_vocab_size']} on the first {a['aux_lines']} training "
+        f"lines (also the inits' corpus). LAPT (every arm the same recipe): {a['strategy']} + {a['objective']}, "
+        f"sequence length {a['seq_len']}, batch {a['batch_size']}, lr {a['lr']} cosine, warmup {a['warmup_steps']} "
+        f"updates or 10% of a shorter run, lines joined by `{a['join']}`, |D| = {a['lines']} sampled lines "
+        f"({a['val_lines']} held out for validation); source + LAPT {a['epochs']:g} epochs; '+ LAPT' rows at equal "
+        f"updates ({budget}); '(equal lines)' rows {a['epochs']:g} epochs over the same lines; variants: "
+        f"{', '.join(a['variants']) or 'none'}.\n",
+        "Quality columns: held-out bits/byte over every held-out line with its 95% bootstrap interval over lines, "
+        "and its paired difference to source + LAPT (negative: better); English held-out bits/byte "
+        f"({a['en_lines']} lines); MT gain: translation-conditional bits/byte of the reference after a mismatched "
+        f"source minus after its own ({a['cond_pairs']} pairs, {a['shots']}-shot; larger: the model uses the source "
+        f"more); free greedy generation on {a['prompts']} held-out prompts ({a['max_new_tokens']} new tokens at most): "
+        "canonical rate (new ids emitted / new ids in the canonical re-encoding), EOS-stop rate, mean new tokens, "
+        "repeated character 8-gram share, U+FFFD share; 'argmax new': teacher-forced share of the held-out new-token "
+        f"positions where the argmax is that token; chrF: {a['mt_pairs']} pairs en->xx (a column only, every "
+        "hypothesis is in the JSON); LAPT: updates, tokens, epochs, warmup updates, validation loss start -> end, "
+        "seconds of training steps; 'row s': the row's wall seconds; 'load': the 1-minute load average at the row's "
+        "start -> end.\n",
     ]
     for lang, entry in report["langs"].items():
-        rows = [table_row(r) for r in entry["rows"]]
-        header = ["model", "bits/byte", "uniform", "greedy emitted new", "greedy canonical new", "greedy canon. rate",
-                  "sampled canon. rate", "argmax new", "text new", "x chars/s greedy", "x chars/s sampled",
-                  "c/tok greedy", "chrF en->xx", "LAPT tokens", "LAPT s", "row s", "load", "proc",
-                  "generation from"]  # fmt: skip
+        rows = [quality_row(r) for r in entry["rows"]]
+        header = ["model", "bits/byte", "- source+LAPT", "English bits/byte", "MT gain", "canon. rate", "argmax new",
+                  "EOS stops", "mean new tok", "repeats", "U+FFFD", "chrF", "updates", "LAPT tokens", "epochs",
+                  "warmup", "val loss", "LAPT s", "row s", "load", "device"]  # fmt: skip
         parts.append(f"\n## {lang}\n\n" + (markdown_table(header, rows) if rows else "(no row finished yet)") + "\n")
         for err in entry.get("errors", []):
             parts.append(f"- process {err['process']}, {err['row']}: failed with `{err['error']}`\n")
-        if rows:
+        for key, title in (("speed", "transformers"), ("llama_cpp", "llama.cpp")):
+            speed = entry.get(key)
+            if not speed:
+                continue
+            parts.append(
+                f"\nSpeed in {title}, {speed['new_tokens']} new tokens per prompt (stop ids banned), "
+                f"{len(speed['prompts'])} prompts, every model interleaved prompt by prompt, measured "
+                f"{speed['measured_at']} on {speed.get('device', 'cpu')}, load {speed['load_before'][0]:.1f} -> "
+                f"{speed['load_after'][0]:.1f}. Ratio = chars/token ratio x time/token ratio, both against source + "
+                "LAPT; 95% paired bootstrap interval over prompts.\n\n"
+                + markdown_table(
+                    ["model", "x chars/s vs source+LAPT", "x vs source", "chars/token", "x chars/token",
+                     "x time/token", "ms/decode step", "ms first token", "held-out tokens/byte", "short"],
+                    speed_rows(speed),
+                )  # fmt: skip
+                + "\n"
+            )
+        speed = entry.get("speed")
+        if rows and speed:
             points = [
-                {
-                    "init": f"{r['init'] or 'source'} ({r['stage']})",
-                    "speedup": generation_of(r)[0]["chars_per_second_vs_source"],
-                    "bits_per_byte": r["bpb"]["bits_per_byte"],
-                    "new_tokens": r["k"],
-                }
-                for r in entry["rows"]
-            ]
-            source = next((r for r in entry["rows"] if r["stage"] == "source"), entry["rows"][0])
+                {"init": r["name"], "speedup": speed["models"][r["name"]]["chars_per_second_ratio"]["estimate"],
+                 "bits_per_byte": r["bpb"]["bits_per_byte"], "new_tokens": r["k"]}
+                for r in entry["rows"] if r["name"] in speed["models"]
+            ]  # fmt: skip
+            reference = next(r for r in entry["rows"] if r["name"] == SOURCE_LAPT)
             png = path.with_name(f"{path.stem}-{lang}.png")
-            atomic_write(png, speedup_quality_png(points, source["bpb"]["bits_per_byte"], 0.02, XLABEL))
-            parts.append(f"![{lang}: greedy chars/s vs bits/byte]({png.name})\n")
-    parts.append("\nCommand:\n\n    .venv/bin/python benchmarks/end_to_end.py --budget-minutes M [--resume]\n")
+            atomic_write(png, speedup_quality_png(points, reference["bpb"]["bits_per_byte"], 0.02, XLABEL))
+            parts.append(f"![{lang}: chars/s vs bits/byte]({png.name})\n")
+    parts.append("\nCommand:\n\n    .venv/bin/python benchmarks/end_to_end.py --budget-minutes M [--resume] "
+                 "[--speed] [--llama-cpp]\n")  # fmt: skip
     atomic_write(path, "\n".join(parts))
 
 

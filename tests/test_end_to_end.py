@@ -1,5 +1,6 @@
-"""benchmarks/end_to_end.py on a tiny model: sizes refused before any work, finished rows skipped by --resume, and
-an interrupted LAPT run continued from its checkpoint in a later process."""
+"""benchmarks/end_to_end.py on a tiny model: sizes refused before any work, every LAPT arm at equal updates (and the
+equal-lines arm at the recipe's epochs), finished rows skipped by --resume, an interrupted LAPT continued from its
+checkpoint in a later process, and the fixed-length speed pass against source + LAPT."""
 
 from __future__ import annotations
 
@@ -17,36 +18,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import end_to_end  # noqa: E402
 
 
+def first_lines(path: Path, n: int) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return "".join(itertools.islice((line for line in fh if line.strip()), n))
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A tiny source model and a corpora folder laid out like ../shared/corpora (el only)."""
+    """A tiny source model and a corpora folder laid out like ../shared/corpora (el, en held-out, en-el pairs)."""
     root = tiny_source_dir(tmp_path_factory.mktemp("e2e"))
     corpora = root / "corpora"
-    (corpora / "el").mkdir(parents=True)
-    (corpora / "parallel").mkdir()
+    for folder in ("el", "en", "parallel"):
+        (corpora / folder).mkdir(parents=True)
     (corpora / "el" / "train.txt").write_text("\n".join(lines("el", 300)) + "\n", encoding="utf-8")
-    with open(SHARED_CORPORA / "el" / "heldout.txt", encoding="utf-8") as fh:
-        held = list(itertools.islice((line for line in fh if line.strip()), 8))
-    (corpora / "el" / "heldout.txt").write_text("".join(held), encoding="utf-8")
-    with open(SHARED_CORPORA / "parallel" / "en-el.tsv", encoding="utf-8") as fh:
-        pairs = list(itertools.islice(fh, 6))
-    (corpora / "parallel" / "en-el.tsv").write_text("".join(pairs), encoding="utf-8")
+    (corpora / "el" / "heldout.txt").write_text(first_lines(SHARED_CORPORA / "el" / "heldout.txt", 8), encoding="utf-8")
+    (corpora / "en" / "heldout.txt").write_text(first_lines(SHARED_CORPORA / "en" / "heldout.txt", 4), encoding="utf-8")
+    pairs = first_lines(SHARED_CORPORA / "parallel" / "en-el.tsv", 6)
+    (corpora / "parallel" / "en-el.tsv").write_text(pairs, encoding="utf-8")
     return root
 
 
 def grid_args(world: Path, out: Path, *extra: str) -> list[str]:
     return [
         "--model", str(world / "source"), "--corpora", str(world / "corpora"), "--langs", "el", "--ks", "40",
-        "--inits", "mean", "--aux-lines", "300", "--aux-vocab-size", "700", "--lines", "120", "--val-lines", "8",
-        "--seq-len", "32", "--batch-size", "2", "--max-steps", "3", "--eval-lines", "3", "--prompts", "2",
-        "--max-new-tokens", "4", "--mt-pairs", "2", "--shots", "1", "--mt-max-new-tokens", "6", "--threads", "1",
+        "--inits", "mean", "--equal-lines-inits", "mean", "--aux-lines", "300", "--aux-vocab-size", "700",
+        "--lines", "120", "--val-lines", "8", "--seq-len", "32", "--batch-size", "2", "--epochs", "0.1",
+        "--en-lines", "3", "--cond-pairs", "2", "--prompts", "2", "--max-new-tokens", "4", "--new-tokens", "3",
+        "--mt-pairs", "2", "--shots", "1", "--mt-max-new-tokens", "6", "--threads", "1", "--device", "cpu",
         "--work", str(out.parent / "work"), "--out", str(out), *extra,
     ]  # fmt: skip
 
 
 def test_a_grid_whose_validation_lines_cannot_fill_a_sequence_is_refused_before_any_work(world, tmp_path, capsys):
     out = tmp_path / "e2e"
-    # one validation line of Greek is a few hundred byte-level tokens: less than a sequence of 4096
     status = end_to_end.main(grid_args(world, out, "--val-lines", "1", "--seq-len", "4096"))
     err = capsys.readouterr().err
     assert status == 2
@@ -63,74 +67,59 @@ def test_check_sizes_refuses_training_lines_that_cannot_fill_a_batch(world):
         end_to_end.check_sizes("el", {"source": tokenizer}, data, args)
 
 
-def test_resume_skips_finished_rows_and_continues_lapt_from_its_checkpoint(world, tmp_path, monkeypatch, capsys):
+def test_variants_name_training_settings():
+    assert end_to_end.parse_variant("newrows10=new_rows_lr_scale:10") == ("newrows10", {"new_rows_lr_scale": 10})
+    with pytest.raises(end_to_end.GridError, match="not a training setting"):
+        end_to_end.parse_variant("x=learning_rate:1")
+
+
+def test_the_rows_train_at_equal_updates_resume_and_the_speed_pass_is_against_source_plus_lapt(
+    world, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "e2e"
     real_train = end_to_end.train
-    measured: list[str] = []
-    real_measure = end_to_end.measure
-
-    def counting_measure(model_dir, *args, **kwargs):
-        measured.append(model_dir)
-        return real_measure(model_dir, *args, **kwargs)
 
     def train_then_stop(config):  # the first process runs out of its budget during the first LAPT run
         config.stop_at = 0.0
         return real_train(config)
 
-    monkeypatch.setattr(end_to_end, "measure", counting_measure)
     monkeypatch.setattr(end_to_end, "train", train_then_stop)
     assert end_to_end.main(grid_args(world, out)) == 0
     first = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
     assert [r["name"] for r in first["langs"]["el"]["rows"]] == ["source"]
     assert "stopped" in first["processes"][0] and not first["finished"]
-    checkpoints = list((tmp_path / "work" / "el" / "source-lapt.checkpoints").glob("step-*"))
-    assert [c.name for c in checkpoints] == ["step-0000001"]
+    assert list((tmp_path / "work" / "el" / "source-lapt-updates.checkpoints").glob("step-*"))
 
     # a plain rerun must not overwrite the earlier process's results
     assert end_to_end.main(grid_args(world, out)) == 2
     assert "--resume" in capsys.readouterr().err
 
-    measured.clear()
     monkeypatch.setattr(end_to_end, "train", real_train)
-    assert end_to_end.main(grid_args(world, out, "--resume")) == 0
+    assert end_to_end.main(grid_args(world, out, "--resume", "--speed")) == 0
     report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-    rows = {r["name"]: r for r in report["langs"]["el"]["rows"]}
-    assert list(rows) == ["source", "source + LAPT", "k=40 mean", "k=40 mean + LAPT"]
+    entry = report["langs"]["el"]
+    rows = {r["name"]: r for r in entry["rows"]}
+    assert list(rows) == ["source", "source + LAPT", "k=40 mean + LAPT", "k=40 mean + LAPT (equal lines)"]
     assert rows["source"] == first["langs"]["el"]["rows"][0]  # kept as the first process wrote it
-    assert str(world / "source") not in measured  # not measured again (only its speed, as this process's reference)
-    assert rows["source + LAPT"]["lapt"]["resumed_from_step"] == 1
-    assert rows["source + LAPT"]["lapt"]["steps"] == 3
     assert [r["process"] for r in rows.values()] == [0, 1, 1, 1]
-    assert report["finished"] and len(report["processes"]) == 2
-    # the expanded model trains on fewer tokens per line: its tokens and seconds are reported
-    assert rows["k=40 mean + LAPT"]["lapt"]["tokens_trained"] > 0
-    assert rows["k=40 mean"]["tokenizer_new_share"] > 0
+    source_lapt, expanded, lines_arm = rows["source + LAPT"], rows["k=40 mean + LAPT"], rows["k=40 mean + LAPT (equal lines)"]
+    assert source_lapt["lapt"]["resumed_from_step"] is not None
+    # equal updates: the expanded model trains as many updates as the source, on fewer tokens per line
+    assert expanded["lapt"]["steps"] == source_lapt["lapt"]["steps"] and expanded["lapt"]["budget"] == "max_steps"
+    assert expanded["lapt"]["epochs"] > source_lapt["lapt"]["epochs"]
+    assert lines_arm["lapt"]["budget"] == "epochs" and lines_arm["lapt"]["steps"] <= source_lapt["lapt"]["steps"]
+    assert all(r["lapt"]["warmup_steps"] >= 1 and r["lapt"]["join"] == "newline" for r in rows.values() if r["lapt"])
+    # the rulers: intervals, the paired difference to source + LAPT, every generated text
+    assert expanded["bpb"]["interval"]["low"] <= expanded["bpb"]["bits_per_byte"] <= expanded["bpb"]["interval"]["high"]
+    assert source_lapt["bpb"]["vs_source_lapt"]["estimate"] == 0
+    assert len(expanded["generation"]["texts"]) == 2 and "canonical_rate" in expanded["generation"]
+    assert "gain" in expanded["cond"] and len(expanded["mt"]["rows"]) == 2
+    # the speed pass: every model at the same fixed length, ratios against source + LAPT
+    speed = entry["speed"]
+    assert speed["baseline"] == "source + LAPT" and set(speed["models"]) == set(rows)
+    assert all(m["generated_tokens"] == 2 * 3 and m["short_generations"] == 0 for m in speed["models"].values())
+    assert speed["models"]["source + LAPT"]["chars_per_second_ratio"]["estimate"] == pytest.approx(1.0)
+    assert speed["models"]["source"]["chars_per_second_ratio_vs_source"] == pytest.approx(1.0)
     md = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert "k=40 mean + LAPT" in md and "Every row of the grid is finished." in md
-
-
-def test_the_speed_pass_measures_every_finished_row_interleaved_with_the_source(world, tmp_path):
-    """After the grid, --speed-pass measures each row's generation interleaved with the source's in one process;
-    the table's chars/s then comes from it, and a second pass leaves measured rows alone."""
-    out = tmp_path / "e2e"
-    args = grid_args(world, out, "--max-steps", "1")
-    assert end_to_end.main(args) == 0
-    assert end_to_end.main([*args, "--resume", "--speed-pass"]) == 0
-    report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-    rows = report["langs"]["el"]["rows"]
-    assert all("speed" in r for r in rows) and len(rows) == 4
-    for row in rows:
-        for mode in ("greedy", "sampled"):
-            speed = row["speed"][mode]
-            assert speed["chars_per_second_vs_source"] == pytest.approx(
-                speed["chars_per_second"] / speed["source_chars_per_second"]
-            )
-        # greedy decoding is deterministic: the pass generates what the grid generated
-        assert row["speed"]["greedy"]["generated_tokens"] == row["greedy"]["generated_tokens"]
-    expanded = next(r for r in rows if r["stage"] == "init")
-    assert expanded["speed"]["greedy"]["new_emitted_share"] is not None  # its new ids found in its folder
-    assert end_to_end.generation_of(expanded)[0] is expanded["speed"]["greedy"]
-    first = [r["speed"]["measured_at"] for r in rows]
-    assert end_to_end.main([*args, "--resume", "--speed-pass"]) == 0
-    again = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))["langs"]["el"]["rows"]
-    assert [r["speed"]["measured_at"] for r in again] == first
+    assert "k=40 mean + LAPT (equal lines)" in md and "Speed in transformers" in md
+    assert report["finished"]
