@@ -48,15 +48,17 @@ def make_windows(ids: Sequence[int], prefix_id: int, max_length: int, stride: in
     return windows
 
 
-def batches_by_budget(windows: list[Window], max_tokens: int, max_padding: float = 0.1) -> list[list[Window]]:
+def batches_by_budget(
+    windows: list[Window], max_tokens: int, max_padding: float = 0.1, context_width: int = 0
+) -> list[list[Window]]:
     """Longest first; a batch holds as many windows as fit in ``max_tokens`` padded tokens, and only windows at least
     ``1 - max_padding`` times as long as its longest, so no row is mostly padding (short-line corpora would otherwise
-    spend most of the compute on pads)."""
+    spend most of the compute on pads). ``context_width``: tokens of a cached shared prefix every row also holds."""
     ordered = sorted(windows, key=lambda w: len(w.input_ids), reverse=True)
     batches, current = [], []
     for window in ordered:
         width = len(current[0].input_ids) if current else len(window.input_ids)
-        too_many = (len(current) + 1) * width > max_tokens
+        too_many = (len(current) + 1) * (width + context_width) > max_tokens
         too_short = len(window.input_ids) < (1 - max_padding) * width
         if current and (too_many or too_short):
             batches.append(current)
@@ -100,17 +102,22 @@ def score_windows(
     show_progress: bool = True,
     argmax: NewTokenArgmax | None = None,
     per_doc: list[float] | None = None,
+    forward=None,
+    context_width: int = 0,
 ) -> tuple[float, int, int, int]:
     """Sum of NLL (nats) over scored labels; numbers of scored labels, of non-pad inputs and of inputs with pads.
     ``argmax`` counts the argmax at new-token labels from the same logits; ``per_doc[w.doc]`` (a list as long as
-    the documents) gets each window's NLL added."""
+    the documents) gets each window's NLL added. ``forward(input_ids, attention_mask) -> logits`` replaces the
+    plain model call (e.g. one that reuses a cached prefix of ``context_width`` tokens)."""
     device = next(model.parameters()).device
     total_nll, scored, forward_tokens, padded_tokens = 0.0, 0, 0, 0
-    batches = batches_by_budget(windows, max_tokens)
+    batches = batches_by_budget(windows, max_tokens, context_width=context_width)
+    if forward is None:
+        forward = lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits  # noqa: E731
     bar = progress(total=sum(w.n_scored for w in windows), desc="bits/byte", unit="tok", disable=not show_progress)
     for batch in batches:
         input_ids, attention, labels = collate(batch, device)
-        hidden_logits = model(input_ids=input_ids, attention_mask=attention).logits
+        hidden_logits = forward(input_ids, attention)
         mask = labels != -100
         scored_logits, scored_labels = hidden_logits[mask], labels[mask]
         token_nll = F.cross_entropy(scored_logits.float(), scored_labels, reduction="none")
