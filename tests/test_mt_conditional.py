@@ -69,7 +69,9 @@ def copy_pairs():
 
 
 def test_a_model_that_copies_its_source_gains_and_one_that_ignores_it_does_not(tokenizer, copy_pairs):
-    copier = conditional_bits_per_byte(InductionCopier(len(tokenizer)), tokenizer, copy_pairs, "en", show_progress=False)
+    copier = conditional_bits_per_byte(
+        InductionCopier(len(tokenizer)), tokenizer, copy_pairs, "en", show_progress=False
+    )
     assert copier["pairs"] == len(copy_pairs) - 3 and copier["boundary_fallbacks"] == 0
     assert copier["gain_bits_per_byte"] > 1.0  # most reference tokens copied: far fewer bits with the right source
     assert copier["gain"]["low"] > 0.5  # and on every resample of pairs
@@ -80,7 +82,8 @@ def test_a_model_that_copies_its_source_gains_and_one_that_ignores_it_does_not(t
     blind = conditional_bits_per_byte(FixedLogits(len(tokenizer)), tokenizer, copy_pairs, "en", show_progress=False)
     assert blind["conditional_bits_per_byte"] > 1.0
     assert blind["gain_bits_per_byte"] == pytest.approx(0.0, abs=1e-12)
-    assert blind["gain"]["low"] == pytest.approx(0.0, abs=1e-12) and blind["gain"]["high"] == pytest.approx(0, abs=1e-12)
+    assert blind["gain"]["low"] == pytest.approx(0.0, abs=1e-12)
+    assert blind["gain"]["high"] == pytest.approx(0.0, abs=1e-12)
     assert [r["bits"] for r in blind["rows"]] == [r["mismatched_bits"] for r in blind["rows"]]
     better = paired_conditional_difference(copier, blind, "gain")
     assert better["low"] > 0

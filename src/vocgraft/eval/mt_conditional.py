@@ -69,7 +69,8 @@ def continuation_ids(
     encode = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt_ids = encode(prompts)
     joint = encode([p + c for p, c in zip(prompts, continuations)])
-    tails = [full[len(p) :] if full[: len(p)] == p and len(full) > len(p) else None for p, full in zip(prompt_ids, joint)]
+    tails = [full[len(p) :] if full[: len(p)] == p and len(full) > len(p) else None
+             for p, full in zip(prompt_ids, joint)]  # fmt: skip
     alone = [index for index, tail in enumerate(tails) if tail is None]
     if alone:
         for index, ids in zip(alone, encode([continuations[i] for i in alone])):
