@@ -167,10 +167,14 @@ def speed_summary(
             **dict(bootstrap or {}),
         )  # fmt: skip
         reference = summaries[baseline]
-        own["chars_per_token_ratio"] = own["chars_per_token"] / reference["chars_per_token"]
-        own["time_per_token_ratio"] = reference["seconds_per_token"] / own["seconds_per_token"]
-        own["decode_step_ratio"] = reference["decode_seconds_per_step"] / own["decode_seconds_per_step"]
+        own["chars_per_token_ratio"] = _ratio(own["chars_per_token"], reference["chars_per_token"])
+        own["time_per_token_ratio"] = _ratio(reference["seconds_per_token"], own["seconds_per_token"])
+        own["decode_step_ratio"] = _ratio(reference["decode_seconds_per_step"], own["decode_seconds_per_step"])
     return summaries
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")  # a baseline that wrote no text has no ratio
 
 
 def _summary(samples: Sequence[Sample], new_tokens: int) -> dict:
