@@ -38,3 +38,10 @@ def new_tokens_used_share(token_ids: Sequence[Sequence[int]], new_ids: Collectio
     new = set(new_ids)
     used = {t for ids in token_ids for t in ids} & new
     return len(used) / len(new) if new else 0.0
+
+
+def tokens_per_byte(tokenizer, lines: Sequence[str]) -> float:
+    """Tokens per UTF-8 byte of ``lines`` (no special tokens): the number of decoding steps a text of that kind
+    costs per byte, comparable across tokenizers (held-out text: the text-independent side of a speedup)."""
+    result = fertility(encode_lines(tokenizer, lines), lines)
+    return result["tokens"] / result["bytes"]
