@@ -69,8 +69,8 @@ def markdown(report: dict) -> str:
         f"{_load(report['load_before'])} before and {_load(report['load_after'])} after; {s['seconds']} s.\n",
         "Each product as autograd runs an `nn.Linear` (weight out x in): forward `X @ W.T`, grad input `dY @ W`, "
         "grad weight `dY.T @ X`, into a preallocated output; the median of "
-        f"{s['repeats']} timings after an untimed first call, each timing at least {s['min_seconds']} s of calls "
-        f"{'(torch.cuda.synchronize around each)' if report['device'] == 'cuda' else ''}. float32 is IEEE float32"
+        f"{s['repeats']} timings after an untimed first call, each timing at least {s['min_seconds']} s of calls"
+        f"{' (torch.cuda.synchronize around each)' if report['device'] == 'cuda' else ''}. float32 is IEEE float32"
         f"{' (TF32 off); tf32 is float32 on TF32 tensor cores' if 'tf32' in dtypes else ''}.\n",
         "## Roofline (GFLOP/s)\n",
         "'train': one training step's products (every pass, each weighted by how often a step runs it: layers, "
