@@ -92,7 +92,7 @@ def test_vocgraft_train_defaults_to_the_papers_recipe_and_flags_override_it():
     cfg = parsed("--recipe", "quick", "--epochs", "1.5")  # a budget given replaces the recipe's budget
     assert (cfg.epochs, cfg.max_steps, cfg.max_tokens) == (1.5, None, None)
     cfg = parsed("--max-tokens", "4096")
-    assert (cfg.max_tokens, cfg.max_steps) == (4096, None)
+    assert (cfg.max_tokens, cfg.max_steps, cfg.epochs) == (4096, None, 2.0)  # epochs: recorded, not deciding
     with pytest.raises(SystemExit):  # one budget
         parsed("--max-steps", "3", "--max-tokens", "4096")
 
@@ -106,8 +106,10 @@ def test_the_pipeline_takes_a_recipe_when_asked(tmp_path):
     papers = validate({**base, "train": {"recipe": "papers"}})["train"]
     assert {k: papers[k] for k in PAPERS} == PAPERS
     steps = validate({**base, "train": {"recipe": "papers", "max_steps": 7, "new_rows_lr_scale": 10}})["train"]
-    assert (steps["max_steps"], steps["epochs"], steps["new_rows_lr_scale"]) == (7, 2.0, 10)
-    TrainConfig(model="m", corpus="c", out="o", **steps)  # every key is a TrainConfig setting
+    assert (steps["max_steps"], steps["epochs"], steps["new_rows_lr_scale"]) == (7, None, 10)
+    assert TrainConfig(model="m", corpus="c", out="o", **steps).epochs == 2.0  # every key is a TrainConfig setting
+    for section in (quick, papers, steps):  # a filled-in config validates again to itself (sweeps re-validate)
+        assert validate({**base, "train": section})["train"] == section
     bad = [
         ({"recipe": "paper"}, "train.recipe 'paper' is not a recipe"),
         ({"epochs": 1, "max_steps": 3}, "two budgets"),
@@ -221,10 +223,11 @@ def test_newline_separator_of_sentencepiece_and_tokenizers_without_one():
     # alone, "\n" is "▁" + "<0x0A>"; after text (where it goes) only "<0x0A>"
     assert sp.convert_ids_to_tokens(sp("\n", add_special_tokens=False)["input_ids"]) == ["▁", "<0x0A>"]
     assert sp.convert_ids_to_tokens(separator_ids(sp, "newline")) == ["<0x0A>"]
-    with pytest.raises(TrainingError, match=r"--join newline: .* <unk>\); choose --join eos or --join none"):
-        separator_ids(tiny_unigram_tokenizer(), "newline")  # no byte fallback: "\n" is <unk>
-    with pytest.raises(TrainingError, match="as nothing"):
-        separator_ids(tiny_wordpiece_tokenizer(), "newline")  # whitespace is dropped
+    # no byte fallback: "\n" is <unk>; WordPiece drops whitespace: lines joined by nothing, with a warning
+    with pytest.warns(UserWarning, match=r"--join newline: .* as <unk>\), so lines are joined by nothing"):
+        assert separator_ids(tiny_unigram_tokenizer(), "newline") == []
+    with pytest.warns(UserWarning, match="as nothing"):
+        assert separator_ids(tiny_wordpiece_tokenizer(), "newline") == []
     with pytest.raises(TrainingError, match="--join must be one of newline, eos, none"):
         separator_ids(sp, "tab")
 
@@ -239,12 +242,16 @@ def test_the_summary_and_manifest_record_the_join(tied_model, corpus, tmp_path):
 # ---------------------------------------------------------------- the new rows' group
 
 
-def test_the_hooks_make_adamw_with_a_group_per_row(tmp_path):
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hooks_make_adamw_with_a_group_per_row(device):
     """Rows 5.. of one matrix with the hooks step exactly as a separate AdamW group with scale x lr and their own
     decay would, over several steps (the moments carry over)."""
     torch.manual_seed(0)
-    start = torch.randn(9, 4)
-    grads = [torch.randn(9, 4) for _ in range(4)]
+    start = torch.randn(9, 4, device=device)
+    grads = [torch.randn(9, 4, device=device) for _ in range(4)]
     lr, decay, scale, new_decay = 0.05, 0.1, 4.0, 0.0
     whole = torch.nn.Parameter(start.clone())
     optimizer = torch.optim.AdamW([whole], lr=lr, weight_decay=decay)
@@ -344,3 +351,21 @@ def test_two_stage_2x2_trains_embeddings_then_the_2x2_layers(tokenizer, corpus, 
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert {"model.embed_tokens.weight", "lm_head.weight"} <= changed
     assert {int(n.split(".")[2]) for n in changed if n.startswith("model.layers.")} == {0, 1, 4, 5}
+
+
+def test_bad_recipe_settings_fail_before_any_work(tied_model, corpus, tmp_path, capsys):
+    base = ["train", "--model", str(tied_model), "--corpus", str(corpus), "--out", str(tmp_path / "o")]
+    for flags, named in (
+        (["--max-tokens", "0"], "--max-tokens must be positive"),
+        (["--warmup-steps", "0"], "--warmup-steps must be at least 1"),
+        (["--new-rows-lr-scale", "-1"], "--new-rows-lr-scale must be >= 0"),
+        (["--new-rows-weight-decay", "nan"], "--new-rows-weight-decay must be >= 0"),
+    ):
+        assert main(base + flags) == 2, flags
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(SystemExit):  # argparse's choices
+        main(base + ["--join", "tab"])
+    with pytest.raises(SystemExit):
+        main(base + ["--recipe", "paper"])
+    assert not (tmp_path / "o").exists()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,11 @@ DEFAULT_JOIN = "newline"
 def separator_ids(tokenizer: Any, join: str) -> list[int]:
     """The ids put after every line for ``join``: ``eos``: the EOS token (BOS where there is none); ``newline``: the
     ids a line break gets where it follows text (a SentencePiece tokenizer's "\\n" alone is "▁" + "<0x0A>", after
-    a word only "<0x0A>"; a byte-level one's is "Ċ"); ``none``: nothing, the lines run together."""
+    a word only "<0x0A>"; a byte-level one's is "Ċ"); ``none``: nothing, the lines run together.
+
+    A tokenizer that encodes a line break as nothing (WordPiece drops whitespace) or only as unknown (SentencePiece
+    without byte fallback) joins lines with nothing under ``newline``, with a warning: for the first that is
+    exactly how it reads a line break, and either way the model is not taught to stop or to predict <unk>."""
     if join not in JOINS:
         raise TrainingError(f"--join must be one of {', '.join(JOINS)}; got {join!r}.")
     if join == "none":
@@ -41,24 +46,27 @@ def separator_ids(tokenizer: Any, join: str) -> list[int]:
     unknown = tokenizer.unk_token_id
     if not ids or (unknown is not None and unknown in ids):
         shown = "nothing" if not ids else " ".join(tokenizer.convert_ids_to_tokens(ids))
-        raise TrainingError(
-            f"--join newline: this tokenizer has no token for a line break (it encodes \"\\n\" as {shown}); "
-            "choose --join eos or --join none."
+        warnings.warn(
+            f"--join newline: this tokenizer has no token for a line break (it encodes \"\\n\" as {shown}), so "
+            "lines are joined by nothing, as with --join none; --join eos puts EOS between them instead.",
+            stacklevel=2,
         )
+        return []
     return ids
 
 
 def pack_tokens(
-    tokenizer: Any, lines: Sequence[str], seq_len: int, *, join: str = "eos", batch: int = 4096
+    tokenizer: Any, lines: Sequence[str], seq_len: int, *, join: str | Sequence[int] = "eos", batch: int = 4096
 ) -> torch.Tensor:
-    """The corpus as ``[n_chunks, seq_len]`` int32 token ids: lines joined by ``join``'s separator
-    (:func:`separator_ids`; after every line), cut into full chunks.
+    """The corpus as ``[n_chunks, seq_len]`` int32 token ids: lines joined by ``join``'s separator (one of
+    ``JOINS``, see :func:`separator_ids`, or the separator's ids themselves; after every line), cut into full
+    chunks.
 
     Packing (no padding) means every position is a real training target; the tail that does not fill a chunk
     is dropped. Ids are collected batch by batch into numpy arrays (4 bytes a token, where a Python list of ints
     costs ~36); the result is a view of one array, so take ``.long()`` of the rows a step uses (losses need int64).
     """
-    sep = np.asarray(separator_ids(tokenizer, join), dtype=np.int32)
+    sep = np.asarray(separator_ids(tokenizer, join) if isinstance(join, str) else list(join), dtype=np.int32)
     parts: list[np.ndarray] = []
     for start in range(0, len(lines), batch):  # batched: the fast tokenizer encodes a batch in parallel
         docs = tokenizer(list(lines[start : start + batch]), add_special_tokens=False)["input_ids"]

@@ -43,7 +43,7 @@ from vocgraft.train.data import (
     split_validation,
 )
 from vocgraft.train.objectives import OBJECTIVES, LMObjective
-from vocgraft.train.recipe import PAPERS
+from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS
 from vocgraft.train.schedule import cosine_with_warmup, warmup_for
 from vocgraft.train.strategies import base_model, configure, embedding_weights, phases, trainable_count
 
@@ -76,7 +76,7 @@ class TrainConfig:
     lr: float = PAPERS["lr"]
     warmup_steps: int = PAPERS["warmup_steps"]  # at most 10% of a phase's updates, at least 1 (schedule.py)
     weight_decay: float = PAPERS["weight_decay"]
-    stage1_share: float = 0.5  # two-stage: share of the steps that train embeddings + head only
+    stage1_share: float = 0.5  # two-stage strategies: share of the steps that train embeddings + head only
     join: str = DEFAULT_JOIN  # what joins corpus lines when packed: newline | eos | none (data.separator_ids)
     # the new vocabulary rows (the model's vocgraft-plan.json): lr = scale x the run's lr; weight decay (None: the
     # run's); new_rows.py
@@ -105,6 +105,10 @@ class TrainConfig:
     device: str = "auto"  # auto: accelerate's choice (a GPU when there is one); under `accelerate launch`: auto only
     mixed_precision: str = "auto"  # accelerate's autocast: devices.training_precision
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs is None:  # a recipe whose budget is another setting (train/recipe.py): the default
+            self.epochs = DEFAULT_EPOCHS
 
     def checkpoint_root(self) -> Path:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
@@ -408,8 +412,9 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     _hold(model, frozen)
     if config.gradient_checkpointing:
         _checkpoint_activations(model)
-    chunks = pack_tokens(tokenizer, train_lines, config.seq_len, join=config.join)
-    val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len, join=config.join)
+    separator = separator_ids(tokenizer, config.join)
+    chunks = pack_tokens(tokenizer, train_lines, config.seq_len, join=separator)
+    val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len, join=separator)
     micro, procs = config.batch_size, accelerator.num_processes
     order = BatchOrder(len(chunks), micro * config.grad_accum * procs, config.seed)
     total_steps, budget = total_updates(config, order)
@@ -534,7 +539,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         "tokens_per_step": tokens_per_step,
         "tokens_trained": total_steps * tokens_per_step,
         "join": config.join,
-        "separator": tokenizer.convert_ids_to_tokens(separator_ids(tokenizer, config.join)),
+        "separator": tokenizer.convert_ids_to_tokens(separator),  # the tokens after every line
         "new_rows": row_group.summary() if row_group is not None else None,
         "train_seconds": state.train_seconds,
         "tokens_per_second": total_steps * tokens_per_step / max(state.train_seconds, 1e-9),

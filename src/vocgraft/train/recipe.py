@@ -6,7 +6,8 @@
 - ``quick``: the pipeline's default train section: LoRA + CLM for 100 updates, otherwise as ``papers``.
 
 A setting given explicitly wins over the recipe's; a budget given (epochs, max_steps or max_tokens) replaces the
-recipe's budget as a whole, so ``--recipe papers --max-steps 500`` trains 500 updates, not 2 epochs.
+recipe's budget as a whole, so ``--recipe papers --max-steps 500`` trains 500 updates, not 2 epochs. The budgets
+that do not decide are None, so a filled-in section names one budget and can be filled in again.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ PAPERS = {
 }  # fmt: skip
 RECIPES: dict[str, dict] = {
     "papers": PAPERS,
-    "quick": {**PAPERS, "strategy": "lora", "objective": "clm", "max_steps": 100},
+    "quick": {**PAPERS, "strategy": "lora", "objective": "clm", "epochs": None, "max_steps": 100},
 }
 DEFAULT_RECIPE = "papers"  # `vocgraft train`; the pipeline's train section defaults to "quick"
 
@@ -37,6 +38,6 @@ def with_recipe(name: str, settings: dict, where: str = "--recipe") -> dict:
         raise TrainingError(f"{where} {name!r} is not a recipe; choose one of {', '.join(RECIPES)}.")
     preset = dict(RECIPES[name])
     if any(settings.get(key) is not None for key in BUDGET_KEYS):  # the user's budget, not the recipe's
-        preset.update(epochs=DEFAULT_EPOCHS, max_steps=None, max_tokens=None)
+        preset.update(dict.fromkeys(BUDGET_KEYS))
     filled = {key: preset[key] for key in RECIPE_KEYS if settings.get(key) is None}
     return {**settings, **filled}
