@@ -31,7 +31,7 @@ from vocgraft.cli import SHARED_CORPORA, write_json
 from vocgraft.corpus import read_corpus
 from vocgraft.models import load_model
 from vocgraft.report import markdown_table
-from vocgraft.train.data import BatchOrder, pack_tokens, split_validation
+from vocgraft.train.data import DEFAULT_JOIN, BatchOrder, pack_tokens, split_validation
 from vocgraft.train.lapt import TrainConfig, train
 from vocgraft.train.objectives import next_token_loss
 from vocgraft.train.strategies import configure
@@ -43,7 +43,7 @@ def training_chunks(tokenizer, args, corpus: str) -> torch.Tensor:
     """The packed training sequences exactly as the trainer builds them (same sample, same validation split)."""
     lines = read_corpus(corpus, sample=args.lines, seed=args.seed)
     train_lines, _ = split_validation(lines, args.val_lines)
-    return pack_tokens(tokenizer, train_lines, args.seq_len)
+    return pack_tokens(tokenizer, train_lines, args.seq_len, join=DEFAULT_JOIN)  # the trainer's default join
 
 
 def bare_step_seconds(model_spec: str, corpus: str, args, mtp: bool) -> list[float]:

@@ -372,17 +372,26 @@ def corpus_spec(args) -> str | list:
 def train_config(args):
     from vocgraft.train.lapt import TrainConfig
 
+    from vocgraft.train.recipe import with_recipe
+
     names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs", "corpus", "adapter"}
-    names &= set(vars(args))  # vocadt has no --strategy / --objective
-    return TrainConfig(corpus=corpus_spec(args), **{name: getattr(args, name) for name in names})
+    names &= set(vars(args))  # vocadt has no --strategy / --objective / --recipe
+    settings = {name: getattr(args, name) for name in names}
+    if getattr(args, "recipe", None):
+        settings = with_recipe(args.recipe, settings)
+    return TrainConfig(corpus=corpus_spec(args), **settings)
 
 
 def print_training(summary: dict, out: str) -> None:
     if summary["resumed_from_step"] is not None:
         print(f"resumed from step {summary['resumed_from_step']}")
+    recipe = f"recipe {summary['recipe']}, " if summary.get("recipe") else ""
+    group = summary.get("new_rows")
+    rows = f", {group['rows']} new rows at {group['lr_scale']:g} x lr" if group else ""
     print(
         f"{summary['strategy']}/{summary['objective']}: {summary['steps']} steps "
-        f"({summary['epochs']} epochs of {summary['train_sequences']} sequences of {summary['seq_len']} tokens), "
+        f"({summary['epochs']} epochs of {summary['train_sequences']} sequences of {summary['seq_len']} tokens, "
+        f"{recipe}{summary['warmup_steps']} warmup, lines joined by {summary['join']}{rows}), "
         f"{summary['tokens_per_second']:.0f} tokens/s, validation loss {summary['val_loss_start']:.3f} -> "
         f"{summary['val_loss_end']:.3f}, peak RSS {summary['peak_rss_mib']:.0f} MiB -> {out}"
     )
@@ -613,8 +622,17 @@ def add_surgery_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: float = 1e-4) -> None:
+    """LAPT's flags. With ``strategies`` (`vocgraft train`) a recipe (``--recipe``) fills in every recipe setting
+    not given, so those flags default to None here; without (`vocgraft vocadt`) they take the papers' values."""
+    from vocgraft.train.data import DEFAULT_JOIN, JOINS
     from vocgraft.train.objectives import OBJECTIVES
+    from vocgraft.train.recipe import DEFAULT_RECIPE, PAPERS, RECIPES
     from vocgraft.train.strategies import STRATEGIES
+
+    def preset(name: str, value=None):
+        """(default, help suffix) of a recipe setting"""
+        value = PAPERS[name] if value is None else value
+        return (None, f" (default: the recipe's; {DEFAULT_RECIPE}: {value})") if strategies else (value, "")
 
     p.add_argument(
         "--model", required=True, help="model directory (e.g. the output of vocgraft expand), hub id or alias"
@@ -628,18 +646,61 @@ def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: f
     )
     p.add_argument("--out", required=True, help="where the trained model directory goes")
     if strategies:
-        p.add_argument("--strategy", default="full", choices=STRATEGIES)
-        p.add_argument("--objective", default="clm", choices=OBJECTIVES, help="mtp adds a head predicting t+2")
-        p.add_argument("--stage1-share", type=float, default=0.5, help="two-stage: share of steps for embeddings only")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per process and micro-batch")
+        p.add_argument(
+            "--recipe", default=DEFAULT_RECIPE, choices=list(RECIPES), help="preset of the settings below marked "
+            "'the recipe's' (papers: 2x2 + MTP, 2 epochs, lr 1e-4 cosine, 100 warmup updates, weight decay 0.01, "
+            "batch 8 x 512; quick: LoRA + CLM, 100 updates); a flag given wins over its recipe value"
+        )  # fmt: skip
+        default, more = preset("strategy")
+        p.add_argument(
+            "--strategy", default=default, choices=STRATEGIES, help="two-stage, two-stage-2x2: embeddings + head "
+            f"first, then LoRA or 2x2{more}"
+        )  # fmt: skip
+        default, more = preset("objective")
+        p.add_argument("--objective", default=default, choices=OBJECTIVES, help=f"mtp adds a head predicting t+2{more}")
+        p.add_argument(
+            "--stage1-share", type=float, default=0.5, help="two-stage strategies: share of the updates for "
+            "embeddings + head only"
+        )  # fmt: skip
+    default, more = preset("seq_len")
+    p.add_argument("--seq-len", type=int, default=default, help=f"tokens per training sequence{more}")
+    default, more = preset("batch_size")
+    p.add_argument("--batch-size", type=int, default=default, help=f"sequences per process and micro-batch{more}")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--epochs", type=float, default=2.0)
-    budget.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
-    p.add_argument("--lr", type=float, default=lr, help="peak learning rate (cosine schedule)")
-    p.add_argument("--warmup-steps", type=int, default=100, help="capped at 10%% of each phase's steps")
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    default, more = preset("epochs")
+    budget.add_argument("--epochs", type=float, default=default, help=f"passes over the data (fractional){more}")
+    budget.add_argument(
+        "--max-steps", type=int, help="optimizer updates, whatever the data's size (past one pass the data is "
+        "reshuffled and goes on): equal updates for models with different tokenizers"
+    )  # fmt: skip
+    budget.add_argument(
+        "--max-tokens", type=int, help="a budget in training tokens: this // (global batch x --seq-len) updates"
+    )
+    default, more = preset("lr", lr)
+    p.add_argument("--lr", type=float, default=default, help=f"peak learning rate (cosine schedule){more}")
+    default, more = preset("warmup_steps")
+    p.add_argument(
+        "--warmup-steps", type=int, default=default, help="linear warmup updates, at most 10%% of each phase's "
+        f"updates and at least 1{more}"
+    )  # fmt: skip
+    default, more = preset("weight_decay")
+    p.add_argument("--weight-decay", type=float, default=default, help=f"AdamW's decoupled weight decay{more}")
+    p.add_argument(
+        "--join", default=DEFAULT_JOIN, choices=JOINS, help="what joins corpus lines when they are packed into "
+        "sequences: newline (a line break token, as the tokenizer encodes one after text), eos (the model learns to "
+        "stop after every line) or none"
+    )  # fmt: skip
+    if strategies:
+        p.add_argument(
+            "--new-rows-lr-scale", type=float, default=1.0, help="learning rate of the new vocabulary rows (the "
+            "model's vocgraft-plan.json: expanded or non-copied ids; input embedding, head and MTP head) as a "
+            "multiple of --lr, schedule included; 0 freezes them"
+        )  # fmt: skip
+        p.add_argument(
+            "--new-rows-weight-decay", type=float, help="weight decay of the new vocabulary rows (default: "
+            "--weight-decay)"
+        )  # fmt: skip
     p.add_argument("--sample", type=int, help="|D|: train on a seeded sample of this many lines")
     p.add_argument("--val-lines", type=int, default=256, help="lines held out for the validation loss")
     p.add_argument("--eval-every", type=int, help="steps between validation losses (default: 10 over the run)")

@@ -46,6 +46,8 @@ RULES: dict[str, Rule] = {
     "epochs": POSITIVE,
     "max_grad_norm": POSITIVE,
     "weight_decay": NON_NEGATIVE,
+    "new_rows_weight_decay": NON_NEGATIVE,
+    "new_rows_lr_scale": NON_NEGATIVE,  # 0 freezes the new rows
     "alpha": NON_NEGATIVE,
     "stage1_share": (lambda v: _finite(v) and 0 < v < 1, "between 0 and 1 (exclusive)"),
     "tolerance": (lambda v: _finite(v) and 0 <= v <= 1, "a fraction between 0 and 1 (0.02 = 2%)"),
@@ -57,7 +59,8 @@ RULES: dict[str, Rule] = {
         lambda v: v >= MIN_VOCAB,
         f"at least {MIN_VOCAB} (256 byte pieces + special tokens; thousands in practice)",
     ),  # fmt: skip
-    "warmup_steps": (lambda v: v >= 0, "at least 0"),
+    # warmup exists so that the first update is not at the full rate: 0 would undo that (schedule.warmup_for)
+    "warmup_steps": (lambda v: v >= 1, "at least 1"),
     "shots": (lambda v: v >= 0, "at least 0"),
     # numpy's generator (seeded by `train`) takes 0 .. 2^32 - 1: -1 crashed `train`; one range for every command
     "seed": (lambda v: 0 <= v <= MAX_SEED, f"between 0 and {MAX_SEED:,}"),
@@ -70,6 +73,7 @@ RULES: dict[str, Rule] = {
             "batch_size",
             "grad_accum",
             "max_steps",
+            "max_tokens",
             "save_every",
             "val_lines",
             "eval_every",
@@ -94,6 +98,7 @@ MAXIMA: dict[str, int | float] = {
     "new_tokens": MAX_VOCAB, "batch_size": 1 << 16, "grad_accum": 1 << 16, "max_candidates": 1 << 16,
     "jobs": 1024, "shots": 1000, "max_new_tokens": 1 << 20, "mt_max_new_tokens": 1 << 20,
     "minutes": 1e6, "epochs": 1e6, "lr": 1e3, "max_grad_norm": 1e9, "weight_decay": 1e3, "alpha": 1e6,
+    "new_rows_weight_decay": 1e3, "new_rows_lr_scale": 1e6, "max_tokens": 1 << 50,
     **{name: MAX_COUNT for name in (
         "sample", "limit", "eval_limit", "max_steps", "save_every", "val_lines", "eval_every", "max_lines",
         "num_prompts", "mt_limit", "warmup_steps", "steps",

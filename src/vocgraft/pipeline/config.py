@@ -18,6 +18,10 @@ that loads a model; ``adapt``, ``train`` and ``eval`` may each set their own (``
 ``adapt.dtype`` is the dtype the adapted model is saved in; ``adapt.surgery`` (auto | shards | full) picks how it is
 edited (auto: on its safetensors files without loading it, when the init method needs no forward pass);
 ``train.mixed_precision`` (auto | no | bf16 | fp16) and ``train.gradient_checkpointing`` are LAPT's.
+``train.recipe`` fills in the LAPT settings the section leaves out: ``quick`` (the default: LoRA + CLM for 100
+updates) or ``papers`` (2x2 + MTP, 2 epochs, lr 1e-4 cosine, warmup 100); ``train.join`` (newline | eos | none) is
+what joins corpus lines in training sequences, ``train.new_rows_lr_scale`` the new vocabulary rows' learning rate
+as a multiple of ``lr``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 REQUIRED = object()
+PIPELINE_RECIPE = "quick"  # the train section's recipe when it names none
 
 # key -> (type(s), default); a dict value is a nested section
 SCHEMA: dict[str, Any] = {
@@ -54,14 +59,24 @@ SCHEMA: dict[str, Any] = {
         "dtype": (str, None),
     },
     "train": {
-        "strategy": (str, "lora"),
-        "objective": (str, "clm"),
-        "seq_len": (int, 512),
-        "batch_size": (int, 8),
+        # a LAPT recipe (train/recipe.py) fills in the settings below left unset (None): quick (LoRA + CLM for 100
+        # updates) or papers (2x2 + MTP, 2 epochs)
+        "recipe": (str, PIPELINE_RECIPE),
+        "strategy": (str, None),
+        "objective": (str, None),
+        "seq_len": (int, None),
+        "batch_size": (int, None),
         "grad_accum": (int, 1),
-        "max_steps": (int, 100),
-        "lr": ((int, float), 1e-4),
-        "warmup_steps": (int, 100),
+        "epochs": ((int, float), None),  # one budget: epochs, max_steps (updates) or max_tokens
+        "max_steps": (int, None),
+        "max_tokens": (int, None),
+        "lr": ((int, float), None),
+        "warmup_steps": (int, None),
+        "weight_decay": ((int, float), None),
+        "join": (str, "newline"),  # newline | eos | none: what joins corpus lines in training sequences
+        "new_rows_lr_scale": ((int, float), 1.0),  # the new vocabulary rows' lr, a multiple of lr
+        "new_rows_weight_decay": ((int, float), None),  # None: weight_decay
+        "stage1_share": ((int, float), 0.5),  # two-stage strategies: the embeddings + head phase's share
         "sample": (int, None),
         "val_lines": (int, 256),
         "mixed_precision": (str, "auto"),
@@ -198,6 +213,8 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
         # YAML 1.1 reads the README's own `keep_marks: on` (and off) as a boolean
         adapt["keep_marks"] = "on" if adapt["keep_marks"] else "off"
     config = _check(raw, schema(), "", source)
+    if config["train"] is not None:
+        config["train"] = _with_recipe(config["train"], source)
     adapt = config["adapt"]
     if adapt["mode"] not in MODES:
         raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
@@ -242,6 +259,20 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     except (CorpusError, OutputExistsError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return config
+
+
+def _with_recipe(train: dict, source: str) -> dict:
+    """The train section with its recipe's values for the settings it leaves unset; one budget at most."""
+    from vocgraft.train.data import TrainingError
+    from vocgraft.train.recipe import with_recipe
+
+    budgets = [key for key in ("epochs", "max_steps", "max_tokens") if train[key] is not None]
+    if len(budgets) > 1:
+        raise ConfigError(f"{source}: train.{budgets[0]} and train.{budgets[1]} are two budgets; give one of them.")
+    try:
+        return with_recipe(train["recipe"], train, "train.recipe")
+    except TrainingError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def run_inputs(config: dict, config_file: str | Path | None = None) -> list:
@@ -292,8 +323,13 @@ def _ranges() -> dict[str, tuple]:
         "adapt.aux_vocab_size": RULES["aux_vocab_size"],
         "adapt.vocab_size": RULES["vocab_size"],
         "adapt.protect_lines": RULES["max_lines"],
-        **{f"train.{key}": RULES[key] for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "lr")},
-        "train.warmup_steps": RULES["warmup_steps"],
+        **{
+            f"train.{key}": RULES[key]
+            for key in (
+                "seq_len", "batch_size", "grad_accum", "epochs", "max_steps", "max_tokens", "lr", "warmup_steps",
+                "weight_decay", "new_rows_lr_scale", "new_rows_weight_decay", "stage1_share",
+            )
+        },  # fmt: skip
         "train.sample": RULES["sample"],
         "train.val_lines": RULES["val_lines"],
         "eval.limit": RULES["limit"],
@@ -310,6 +346,7 @@ def _ranges() -> dict[str, tuple]:
 def check_values(config: dict, source: str) -> None:
     """Ranges, names and script lists of a validated config, before any stage runs."""
     from vocgraft.preflight import ArgumentError, check_scripts
+    from vocgraft.train.data import JOINS
     from vocgraft.train.objectives import OBJECTIVES
     from vocgraft.train.strategies import STRATEGIES
 
@@ -322,7 +359,7 @@ def check_values(config: dict, source: str) -> None:
             raise ConfigError(f"{source}: {name} must be {wanted}; got {holder[key]}.")
     train = config["train"]
     if train is not None:
-        for key, allowed in (("strategy", STRATEGIES), ("objective", OBJECTIVES)):
+        for key, allowed in (("strategy", STRATEGIES), ("objective", OBJECTIVES), ("join", JOINS)):
             if train[key] not in allowed:
                 raise ConfigError(f"{source}: train.{key} {train[key]!r} is not one of {', '.join(allowed)}.")
     try:

@@ -77,12 +77,12 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
         raise TrainingError(f"--adapters must be one of {', '.join(ADAPTER_FORMS)}; got {settings.adapters!r}.")
     if settings.alpha < 0:
         raise TrainingError(f"--alpha must be >= 0; got {settings.alpha}.")
-    if config.objective != "clm":
-        raise TrainingError("VocADT trains with the CLM objective only (the MTP head would need its own adapter).")
     check_writable(config.out, config.overwrite)  # before minutes of work
     if settings.candidates is None:
         check_dense_memory(settings, config.model)
-    config = dataclasses.replace(config, strategy=ADAPTERS, adapter=settings.as_dict())
+    # VocADT's own strategy and objective, whatever the config's (the default recipe's 2x2 + MTP): only the adapters
+    # train, with the CLM loss (an MTP head would need its own adapter)
+    config = dataclasses.replace(config, strategy=ADAPTERS, objective="clm", adapter=settings.as_dict())
     timings = {}
     start = time.perf_counter()
     # loaded on the CPU for accelerate to place, in the dtype the training device computes well

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,21 +16,71 @@ class TrainingError(ValueError):
     """Training cannot run as asked; the message names the input to change."""
 
 
-def pack_tokens(tokenizer: Any, lines: Sequence[str], seq_len: int, *, batch: int = 4096) -> torch.Tensor:
-    """The corpus as ``[n_chunks, seq_len]`` int32 token ids: documents joined by EOS, cut into full chunks.
+JOINS = ("newline", "eos", "none")  # what joins corpus lines when they are packed (TrainConfig.join)
+# a line break as text: the corpus's lines are a document's paragraphs or sentences, so the model learns to start
+# a new line there, not to end the sequence (with EOS after every line, LAPT teaches it to stop after every line)
+DEFAULT_JOIN = "newline"
+
+
+def separator_ids(tokenizer: Any, join: str) -> list[int]:
+    """The ids put after every line for ``join``: ``eos``: the EOS token (BOS where there is none); ``newline``: the
+    ids a line break gets where it follows text (a SentencePiece tokenizer's "\\n" alone is "▁" + "<0x0A>", after
+    a word only "<0x0A>"; a byte-level one's is "Ċ"); ``none``: nothing, the lines run together.
+
+    A tokenizer that encodes a line break as nothing (WordPiece drops whitespace) or only as unknown (SentencePiece
+    without byte fallback) joins lines with nothing under ``newline``, with a warning: for the first that is
+    exactly how it reads a line break, and either way the model is not taught to stop or to predict <unk>."""
+    if join not in JOINS:
+        raise TrainingError(f"--join must be one of {', '.join(JOINS)}; got {join!r}.")
+    if join == "none":
+        return []
+    if join == "eos":
+        sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
+        return [] if sep is None else [sep]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    word, after = encode("x"), encode("x\n")
+    ids = after[len(word) :] if after[: len(word)] == word and len(after) > len(word) else encode("\n")
+    unknown = tokenizer.unk_token_id
+    if not ids or (unknown is not None and unknown in ids):
+        shown = "nothing" if not ids else " ".join(tokenizer.convert_ids_to_tokens(ids))
+        warnings.warn(
+            f"--join newline: this tokenizer has no token for a line break (it encodes \"\\n\" as {shown}), so "
+            "lines are joined by nothing, as with --join none; --join eos puts EOS between them instead.",
+            stacklevel=2,
+        )
+        return []
+    return ids
+
+
+def pack_tokens(
+    tokenizer: Any, lines: Sequence[str], seq_len: int, *, join: str | Sequence[int] = "eos", batch: int = 4096
+) -> torch.Tensor:
+    """The corpus as ``[n_chunks, seq_len]`` int32 token ids: lines joined by ``join``'s separator (one of
+    ``JOINS``, see :func:`separator_ids`, or the separator's ids themselves; after every line), cut into full
+    chunks.
 
     Packing (no padding) means every position is a real training target; the tail that does not fill a chunk
     is dropped. Ids are collected batch by batch into numpy arrays (4 bytes a token, where a Python list of ints
     costs ~36); the result is a view of one array, so take ``.long()`` of the rows a step uses (losses need int64).
     """
-    sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
+    sep = np.asarray(separator_ids(tokenizer, join) if isinstance(join, str) else list(join), dtype=np.int32)
     parts: list[np.ndarray] = []
     for start in range(0, len(lines), batch):  # batched: the fast tokenizer encodes a batch in parallel
         docs = tokenizer(list(lines[start : start + batch]), add_special_tokens=False)["input_ids"]
         lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
         ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int32, count=int(lengths.sum()))
-        if sep is not None:  # a separator after every document
-            ids = np.insert(ids, np.cumsum(lengths), sep)
+        if len(sep):  # the separator after every line: its positions in the joined stream, then the lines' ids
+            ends = np.cumsum(lengths + len(sep))  # where each line's separator ends
+            joined = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+            at = (ends - len(sep))[:, None] + np.arange(len(sep))  # [lines, len(sep)]
+            joined[at.ravel()] = np.tile(sep, len(docs))
+            text = np.ones(len(joined), dtype=bool)
+            text[at.ravel()] = False
+            joined[text] = ids
+            ids = joined
         parts.append(ids)
     ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
     del parts

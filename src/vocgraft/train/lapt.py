@@ -32,9 +32,20 @@ import torch
 
 from vocgraft.outdir import check_writable
 from vocgraft.progress import progress
-from vocgraft.train.data import BatchOrder, TrainingError, pack_tokens, split_validation
+from vocgraft.train import new_rows
+from vocgraft.train.data import (
+    DEFAULT_JOIN,
+    JOINS,
+    BatchOrder,
+    TrainingError,
+    pack_tokens,
+    separator_ids,
+    split_validation,
+)
 from vocgraft.train.objectives import OBJECTIVES, LMObjective
-from vocgraft.train.strategies import base_model, configure, phases, trainable_count
+from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS
+from vocgraft.train.schedule import cosine_with_warmup, warmup_for
+from vocgraft.train.strategies import base_model, configure, embedding_weights, phases, trainable_count
 
 STATE_FILE = "trainer_state.json"
 SCHEDULER_FILE = "scheduler.pt"
@@ -42,10 +53,10 @@ SCHEDULER_FILE = "scheduler.pt"
 RESUME_KEYS = (
     "model", "corpus", "strategy", "objective", "seq_len", "batch_size", "grad_accum", "epochs", "max_steps",
     "lr", "warmup_steps", "weight_decay", "stage1_share", "sample", "val_lines", "seed", "max_grad_norm", "adapter",
-    "dtype", "mixed_precision",
+    "dtype", "mixed_precision", "max_tokens", "join", "new_rows_lr_scale", "new_rows_weight_decay",
 )  # fmt: skip
-# keys checkpoints made before they existed lack: what those runs used
-RESUME_DEFAULTS = {"dtype": "auto", "mixed_precision": "auto"}
+# keys checkpoints made before they existed lack: what those runs used (lines were joined by EOS)
+RESUME_DEFAULTS = {"dtype": "auto", "mixed_precision": "auto", "join": "eos", "new_rows_lr_scale": 1.0}
 
 
 @dataclass
@@ -53,17 +64,25 @@ class TrainConfig:
     model: str
     corpus: str | list  # a source, or [[source, weight], ...]: a weighted mixture (corpus.read_corpus)
     out: str
-    strategy: str = "full"
-    objective: str = "clm"
-    seq_len: int = 512
-    batch_size: int = 8  # per process and micro-batch; paper 000 Table 3
+    # the defaults are the papers' recipe (train/recipe.py)
+    strategy: str = PAPERS["strategy"]
+    objective: str = PAPERS["objective"]
+    seq_len: int = PAPERS["seq_len"]
+    batch_size: int = PAPERS["batch_size"]  # per process and micro-batch; paper 000 Table 3
     grad_accum: int = 1
-    epochs: float = 2.0
-    max_steps: int | None = None  # overrides epochs
-    lr: float = 1e-4
-    warmup_steps: int = 100  # capped at 10% of a phase's steps, so a short run still reaches its peak rate
-    weight_decay: float = 0.01
-    stage1_share: float = 0.5  # two-stage: share of the steps that train embeddings + head only
+    epochs: float = PAPERS["epochs"]  # may be fractional; the batch order starts a new shuffle each epoch
+    max_steps: int | None = None  # optimizer updates; overrides epochs (equal updates for models of any tokenizer)
+    max_tokens: int | None = None  # a budget in training tokens: max_tokens // tokens per update updates
+    lr: float = PAPERS["lr"]
+    warmup_steps: int = PAPERS["warmup_steps"]  # at most 10% of a phase's updates, at least 1 (schedule.py)
+    weight_decay: float = PAPERS["weight_decay"]
+    stage1_share: float = 0.5  # two-stage strategies: share of the steps that train embeddings + head only
+    join: str = DEFAULT_JOIN  # what joins corpus lines when packed: newline | eos | none (data.separator_ids)
+    # the new vocabulary rows (the model's vocgraft-plan.json): lr = scale x the run's lr; weight decay (None: the
+    # run's); new_rows.py
+    new_rows_lr_scale: float = 1.0
+    new_rows_weight_decay: float | None = None
+    recipe: str | None = None  # the recipe the settings came from (recorded; the settings themselves decide)
     sample: int | None = None  # |D|: a seeded sample of this many corpus lines
     val_lines: int = 256  # held out from the corpus for the validation loss
     eval_every: int | None = None  # default: 10 evaluations over the run
@@ -86,6 +105,10 @@ class TrainConfig:
     device: str = "auto"  # auto: accelerate's choice (a GPU when there is one); under `accelerate launch`: auto only
     mixed_precision: str = "auto"  # accelerate's autocast: devices.training_precision
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs is None:  # a recipe whose budget is another setting (train/recipe.py): the default
+            self.epochs = DEFAULT_EPOCHS
 
     def checkpoint_root(self) -> Path:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
@@ -158,6 +181,51 @@ def _check_config(config: TrainConfig) -> None:
         raise TrainingError(f"--epochs must be positive; got {config.epochs}.")
     if config.max_steps is not None and config.max_steps <= 0:
         raise TrainingError(f"--max-steps must be positive; got {config.max_steps}.")
+    if config.max_tokens is not None and config.max_tokens <= 0:
+        raise TrainingError(f"--max-tokens must be positive; got {config.max_tokens}.")
+    if config.max_steps is not None and config.max_tokens is not None:
+        raise TrainingError("give one budget: --max-steps (updates) or --max-tokens (training tokens), not both.")
+    if config.warmup_steps < 1:  # a first update at the full rate is what warmup is there to prevent
+        raise TrainingError(f"--warmup-steps must be at least 1; got {config.warmup_steps}.")
+    if config.join not in JOINS:
+        raise TrainingError(f"--join must be one of {', '.join(JOINS)}; got {config.join!r}.")
+    for name in ("new_rows_lr_scale", "new_rows_weight_decay"):
+        value = getattr(config, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise TrainingError(f"--{name.replace('_', '-')} must be a finite number >= 0; got {value}.")
+
+
+def total_updates(config: TrainConfig, order: BatchOrder) -> tuple[int, str]:
+    """(optimizer updates of the run, the setting that decided them): ``max_steps``, else ``max_tokens`` // the
+    tokens of one update, else ``epochs`` passes over the packed data. Past one pass the batch order reshuffles
+    and goes on, so any number of updates is possible whatever the data's size."""
+    if config.max_steps is not None:
+        return config.max_steps, "max_steps"
+    per_step = order.global_batch * config.seq_len
+    if config.max_tokens is not None:
+        if config.max_tokens < per_step:
+            raise TrainingError(
+                f"--max-tokens {config.max_tokens:,} is less than one update's {per_step:,} tokens (global batch "
+                f"{order.global_batch} x --seq-len {config.seq_len}); give at least {per_step:,}."
+            )
+        return config.max_tokens // per_step, "max_tokens"
+    return max(1, math.ceil(config.epochs * order.steps_per_epoch)), "epochs"
+
+
+def new_row_group(config: TrainConfig, objective: LMObjective, prepared, sharded: bool) -> new_rows.NewRows | None:
+    """The new rows' own group, when their settings differ from the run's and the model's plan has new rows."""
+    decay = config.weight_decay if config.new_rows_weight_decay is None else config.new_rows_weight_decay
+    if config.new_rows_lr_scale == 1.0 and decay == config.weight_decay:
+        return None  # the same settings as every other row: nothing to do
+    if prepared is not None:  # VocADT computes its rows from adapters: there are no new rows to train
+        raise TrainingError("--new-rows-lr-scale and --new-rows-weight-decay do not apply to VocADT's adapters.")
+    if sharded:
+        raise TrainingError(
+            "--new-rows-lr-scale / --new-rows-weight-decay need whole weights in every process; they cannot run "
+            "under FSDP/DeepSpeed ZeRO (use one GPU or DDP)."
+        )
+    rows = objective.model.get_input_embeddings().weight.shape[0]
+    return new_rows.NewRows(new_rows.new_row_ids(config.model, rows), config.new_rows_lr_scale, decay)
 
 
 def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
@@ -308,7 +376,6 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
 
     ``prepared`` replaces loading ``config.model`` (which then only names the source in manifests)."""
     from accelerate.utils import set_seed
-    from transformers import get_cosine_schedule_with_warmup
 
     from vocgraft.corpus import read_corpus
     from vocgraft.devices import dtype_name, frozen_dtype
@@ -345,16 +412,19 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     _hold(model, frozen)
     if config.gradient_checkpointing:
         _checkpoint_activations(model)
-    chunks = pack_tokens(tokenizer, train_lines, config.seq_len)
-    val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len)
+    separator = separator_ids(tokenizer, config.join)
+    chunks = pack_tokens(tokenizer, train_lines, config.seq_len, join=separator)
+    val_chunks = pack_tokens(tokenizer, val_lines, config.seq_len, join=separator)
     micro, procs = config.batch_size, accelerator.num_processes
     order = BatchOrder(len(chunks), micro * config.grad_accum * procs, config.seed)
-    total_steps = config.max_steps or max(1, math.ceil(config.epochs * order.steps_per_epoch))
+    total_steps, budget = total_updates(config, order)
     plan = phases(config.strategy, total_steps, config.stage1_share)
+    warmups = [warmup_for(phase.steps, config.warmup_steps) for phase in plan]
     eval_every = config.eval_every or max(1, total_steps // 10)
     tokens_per_step = order.global_batch * config.seq_len
 
     objective = LMObjective(model, config.objective, prepared.extra_loss if prepared else None)
+    row_group = new_row_group(config, objective, prepared, sharded)
     bar = progress(
         total=total_steps,
         initial=state.step,
@@ -364,7 +434,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     )
     phase_start, pending_checkpoint = 0, checkpoint
     last_save = state.train_seconds
-    for phase in plan:
+    for phase, warmup in zip(plan, warmups):
         phase_end = phase_start + phase.steps
         objective.model = configure(objective.model, phase.setup)
         _hold(objective, frozen)  # what this phase trains: float32
@@ -374,9 +444,13 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         skeleton = meta_copy(objective) if sharded else None
         params = [p for p in objective.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        warmup = min(config.warmup_steps, phase.steps // 10)
+        if row_group is not None and len(row_group.ids):  # on the torch optimizer: accelerate's wrapper calls it
+            trained_rows = [w for w in embedding_weights(objective.model) if w.requires_grad]
+            if objective.mtp_head is not None:
+                trained_rows.append(objective.mtp_head.weight)
+            new_rows.attach(optimizer, trained_rows, row_group)
         # stepped by us once per global step (accelerate's wrapper would step it once per process)
-        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, max(phase.steps, 1))
+        scheduler = cosine_with_warmup(optimizer, warmup, max(phase.steps, 1))
         wrapped, optimizer = accelerator.prepare(objective, optimizer)
         if pending_checkpoint is not None:  # the first phase that runs is the one the checkpoint was taken in
             accelerator.load_state(str(pending_checkpoint))
@@ -399,6 +473,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                 step_loss += loss.detach() / len(pieces)
                 step_clm += clm / len(pieces)
             accelerator.clip_grad_norm_(params, config.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]  # the rate this update takes
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -413,7 +488,7 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                     "phase": phase.setup,
                     "loss": round(float(losses[0]), 5),
                     "clm_loss": round(float(losses[1]), 5),
-                    "lr": scheduler.get_last_lr()[0],
+                    "lr": lr,
                 }
             )
             if state.step % eval_every == 0 or state.step == total_steps:
@@ -448,16 +523,24 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     summary = {
         "strategy": config.strategy,
         "objective": config.objective,
-        "steps": total_steps,
-        "phases": [asdict(p) for p in plan],
+        "recipe": config.recipe,
+        "steps": total_steps,  # optimizer updates
+        "budget": budget,  # what decided them: epochs | max_steps | max_tokens
+        "phases": [{**asdict(p), "warmup_steps": w} for p, w in zip(plan, warmups)],
+        "warmup_steps": sum(warmups),  # over all phases (each phase warms up on its own)
+        "lr": config.lr,
         "seq_len": config.seq_len,
         "global_batch": order.global_batch,
         "processes": procs,
         "main_process": accelerator.is_main_process,
         "train_lines": len(train_lines),
         "train_sequences": len(chunks),
-        "epochs": round(total_steps / order.steps_per_epoch, 3),
+        "epochs": round(total_steps / order.steps_per_epoch, 3),  # passes over the packed data (fractional)
         "tokens_per_step": tokens_per_step,
+        "tokens_trained": total_steps * tokens_per_step,
+        "join": config.join,
+        "separator": tokenizer.convert_ids_to_tokens(separator),  # the tokens after every line
+        "new_rows": row_group.summary() if row_group is not None else None,
         "train_seconds": state.train_seconds,
         "tokens_per_second": total_steps * tokens_per_step / max(state.train_seconds, 1e-9),
         "resumed_from_step": int(checkpoint.name.split("-")[1]) if checkpoint else None,

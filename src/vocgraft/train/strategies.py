@@ -1,8 +1,9 @@
 """Which parameters LAPT trains: full, LoRA, two-stage, 2x2 layer selection, embeddings only.
 
 A strategy is a sequence of *phases*; each phase names how the model is set up (``configure``) and its share of
-the steps. Only ``two-stage`` has two: embeddings + head first, then LoRA (which keeps embeddings + head
-trainable), as in paper 000 Table 3.
+the steps. The two-stage strategies have two: embeddings + head first, then the body: ``two-stage`` goes on with
+LoRA (which keeps embeddings + head trainable), as in paper 000 Table 3; ``two-stage-2x2`` with 2x2 (the bottom
+two and top two layers + embeddings + head), the papers' 2-stage order with paper 003's layer selection.
 
 Embeddings and head are always trained in place: LoRA does not copy them (peft's ``modules_to_save`` would, and
 a tied head would silently untie), so a tied model stays tied.
@@ -16,7 +17,9 @@ import torch
 
 from vocgraft.train.data import TrainingError
 
-STRATEGIES = ("full", "lora", "two-stage", "2x2", "embeddings")
+STRATEGIES = ("full", "lora", "two-stage", "2x2", "two-stage-2x2", "embeddings")
+# two-stage strategies: what their second phase trains (the first trains embeddings + head)
+SECOND_STAGE = {"two-stage": "lora", "two-stage-2x2": "2x2"}
 # trains only VocADT adapter weights; `vocgraft vocadt` sets the adapters up, so it is not a `--strategy` choice
 ADAPTERS = "vocadt"
 LORA = {"r": 8, "lora_alpha": 32, "lora_dropout": 0.05}  # paper 000's LoRA setting, all linear layers
@@ -32,12 +35,12 @@ def phases(strategy: str, total_steps: int, stage1_share: float = 0.5) -> list[P
     """The phases of ``strategy`` over ``total_steps`` optimizer steps."""
     if strategy not in (*STRATEGIES, ADAPTERS):
         raise TrainingError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
-    if strategy != "two-stage":
+    if strategy not in SECOND_STAGE:
         return [Phase(strategy, total_steps)]
     if not 0.0 < stage1_share < 1.0:
         raise TrainingError(f"--stage1-share must be between 0 and 1 (exclusive); got {stage1_share}.")
     first = max(1, round(total_steps * stage1_share)) if total_steps > 1 else total_steps
-    return [Phase("embeddings", first), Phase("lora", total_steps - first)]
+    return [Phase("embeddings", first), Phase(SECOND_STAGE[strategy], total_steps - first)]
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -49,7 +52,8 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     raise TrainingError(f"cannot find the {n} decoder layers of {type(model).__name__}; use --strategy full or lora.")
 
 
-def _embedding_weights(model) -> list[torch.nn.Parameter]:
+def embedding_weights(model) -> list[torch.nn.Parameter]:
+    """The input embedding and, when untied, the head's weight: the [vocabulary, hidden] matrices."""
     weights = [model.get_input_embeddings().weight]
     head = model.get_output_embeddings()
     if head is not None and head.weight is not weights[0]:
@@ -78,7 +82,7 @@ def configure(model, setup: str):
             keep = list(layers[:2]) + list(layers[-2:]) if len(layers) > 4 else list(layers)
             for layer in keep:
                 layer.requires_grad_(True)
-    for weight in _embedding_weights(model):
+    for weight in embedding_weights(model):
         weight.requires_grad_(True)
     return model
 
