@@ -262,7 +262,7 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
         f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
         + (
-            "with LAPT " + ", ".join(f"{k}={v}" for k, v in config["train"].items())
+            "with LAPT " + ", ".join(f"{k}={v}" for k, v in config["train"].items() if v is not None)
             if config["train"]
             else "no training"
         )
