@@ -30,6 +30,7 @@ from vocgraft.outdir import OutputExistsError
 
 LOCK_PREFIX = ".vocgraft-lock."
 POLL_SECONDS = 0.2
+GRACE_SECONDS = 0.5  # a lock found held is tried again this long before the holder is named
 
 
 class FolderBusyError(OutputExistsError):
@@ -60,7 +61,6 @@ class _Held:
     name: str
     made: list[Path]  # parent folders created for the lock file, removed again when they stay empty
     pid: int
-    count: int = 1
 
 
 _held: dict[Path, _Held] = {}
@@ -85,18 +85,17 @@ def holder_text(info: dict) -> str:
 def read_holder(target: str | Path) -> dict:
     """What the lock file of ``target`` says about its holder ({} when absent or not yet written)."""
     path = lock_path(_key(Path(target)))
-    for _ in range(20):  # the holder writes it just after taking the lock: give it a moment
+    for _ in range(20):
         try:
             text = path.read_text(encoding="utf-8")
         except OSError:
             return {}
-        if text.strip():
-            try:
-                info = json.loads(text)
-            except ValueError:
-                return {}
-            return info if isinstance(info, dict) else {}
-        time.sleep(0.01)
+        try:
+            info = json.loads(text)
+        except ValueError:  # empty or half written: the holder writes it just after taking the lock
+            time.sleep(0.01)
+            continue
+        return info if isinstance(info, dict) else {}
     return {}
 
 
@@ -164,6 +163,7 @@ def _acquire(key: Path, flag: str, wait: bool, timeout: float | None, what: str)
     name = lock_path(key).name
     announced = None
     deadline = None if timeout is None else time.monotonic() + timeout
+    grace = time.monotonic() + GRACE_SECONDS
     try:
         while True:
             made += _mkdirs(key.parent)
@@ -191,6 +191,9 @@ def _acquire(key: Path, flag: str, wait: bool, timeout: float | None, what: str)
                     print(f"vocgraft: {key} is free now; continuing", file=sys.stderr, flush=True)
                 return _Held(fd, parent_fd, name, made, os.getpid())
             os.close(parent_fd)
+            if time.monotonic() < grace:  # a moment's hold: another process clearing stale lock files
+                time.sleep(POLL_SECONDS / 4)
+                continue
             holder = holder_text(read_holder(key))
             if not wait:
                 raise FolderBusyError(
@@ -254,16 +257,8 @@ def hold(
     key = _key(Path(target))
     with _registry:
         mine = _held.get(key)
-        if reentrant and mine is not None and mine.pid == os.getpid():
-            mine.count += 1
-        else:
-            mine = None
-    if mine is not None:
-        try:
-            yield
-        finally:
-            with _registry:
-                mine.count -= 1
+    if reentrant and mine is not None and mine.pid == os.getpid():  # a forked child does not own its parent's
+        yield
         return
     held = _acquire(key, flag, wait, timeout, what)
     if held is None:
