@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -931,6 +932,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# their --out is a run folder that parallel runs share: each stage is locked instead, and a run waits for a stage
+# another one is building (vocgraft.pipeline.run)
+SHARED_RUN_FOLDERS = ("run", "sweep", "demo")
+
+
+def output_lock(args) -> contextlib.AbstractContextManager:
+    """The lock on the command's ``--out`` (:mod:`vocgraft.locks`), taken before any work."""
+    from vocgraft.locks import hold
+
+    if not getattr(args, "out", None) or args.command in SHARED_RUN_FOLDERS:
+        return contextlib.nullcontext()
+    return hold(args.out)
+
+
 def quiet_libraries() -> None:
     """Progress bars and INFO logs of the libraries drown our own output (and an error line among them)."""
     from transformers.utils import logging as hf_logging
@@ -964,7 +979,8 @@ def main(argv: list[str] | None = None) -> int:
             quiet_libraries()
             check_args(args)  # every rule that needs no model, before any work
             check_command_outputs(args)  # no output is, or holds, an input; --overwrite replaces only vocgraft's
-            args.func(args)
+            with output_lock(args):  # one writer per --out: a second process is refused, naming this one
+                args.func(args)
     except KeyboardInterrupt as interrupt:
         what = "interrupted" if signal_name(interrupt) == "SIGINT" else f"stopped by {signal_name(interrupt)}"
         print(f"vocgraft {name}: {what}; partial outputs were removed.", file=sys.stderr)

@@ -22,11 +22,14 @@ import os
 import platform
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from vocgraft import failpoints
 
 MANIFEST = "vocgraft.json"
 STAGE_RECORD = "vocgraft-stage.json"  # a pipeline stage's folder (vocgraft.pipeline.run), marked complete
@@ -177,6 +180,9 @@ def remove_stale_temp_dirs(parent: str | Path, *, announce: bool = True) -> list
             if announce:
                 print(f"vocgraft: removed {entry}, left behind by an interrupted run (process {match.group(1)})",
                       file=sys.stderr)  # fmt: skip
+    from vocgraft.locks import remove_stale_locks
+
+    remove_stale_locks(parent)  # quietly: an empty lock file of a killed run
     return removed
 
 
@@ -195,28 +201,93 @@ def _umask() -> int:
     return umask
 
 
+PUBLISH = failpoints.register(
+    "outdir.publish.before_rename", "atomic_output_dir/atomic_output_file: the output complete, not yet renamed"
+)
+
+
+class _Folder:
+    """The folder an output is built in, held open: when it is moved or replaced during the run, the temporary
+    output is still found and removed through it, and the final rename is refused instead of landing elsewhere."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def check(self, out: Path) -> None:
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(self.fd)
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise OutputExistsError(
+                f"{self.path} was moved or removed while this run was writing {out.name} into it, so nothing was "
+                f"written; run again with the folder in place."
+            )
+
+    def remove(self, entry: Path) -> None:
+        """Remove ``entry`` (a file or folder in this folder), wherever the folder is now."""
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.stat(entry.name, dir_fd=self.fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(entry.name, ignore_errors=True, dir_fd=self.fd)
+            else:
+                os.unlink(entry.name, dir_fd=self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def appeared(out: Path, flag: str = "--out") -> OutputExistsError:
+    return OutputExistsError(
+        f"{out} appeared while this run was writing it (another process made it) and was kept; pass --overwrite to "
+        f"replace it or choose another {flag}."
+    )
+
+
 @contextlib.contextmanager
 def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``out_dir`` when the block finishes without error."""
+    """Yield a temporary directory that becomes ``out_dir`` when the block finishes without error.
+
+    The folder's lock (:mod:`vocgraft.locks`) is held throughout, and ``out_dir`` is checked again at the rename:
+    one that appeared meanwhile is never replaced without ``overwrite``."""
+    from vocgraft.locks import hold
+
     out = check_writable(out_dir, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out)
+    with hold(out, reentrant=True):
+        out = check_writable(out_dir, overwrite)  # again, under the lock: another run may have just finished it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        folder = _Folder(out.parent)
+        tmp = make_temp_dir(out)
+        try:
+            yield tmp
+            failpoints.hit(PUBLISH, out)
+            folder.check(out)
+            _replace_dir(tmp, out, overwrite, folder)
+        except BaseException:
+            folder.remove(tmp)
+            raise
+        finally:
+            folder.close()
+
+
+def _replace_dir(tmp: Path, out: Path, overwrite: bool, folder: _Folder) -> None:
+    if not os.path.lexists(out):
+        tmp.rename(out)
+        return
+    if not overwrite:
+        raise appeared(out)
+    check_replaceable(out)  # again: it may have changed during the run
+    backup = tmp.with_name(f"{tmp.name}-old")  # a temporary name too: a kill between the renames leaves it stale
+    out.rename(backup)
     try:
-        yield tmp
-        if out.exists():
-            check_replaceable(out)  # again: it may have changed during the run
-            backup = out.with_name(f".{out.name}.{TMP_TAG}-{os.getpid()}-old")
-            out.rename(backup)
-            tmp.rename(out)
-            if backup.is_symlink():  # --out was a link to a folder: the link goes, the folder it named stays
-                backup.unlink()
-            else:
-                shutil.rmtree(backup, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        tmp.rename(out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # put the old output back; if something took its place, it goes below
+            backup.rename(out)
         raise
+    finally:  # --out was a link to a folder: the link goes, the folder it named stays
+        folder.remove(backup)
 
 
 def publish_shared_dir(tmp: Path, target: Path, complete: str) -> None:
@@ -293,27 +364,54 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output_file(path: str | Path) -> Iterator[Path]:
+def atomic_output_file(path: str | Path, overwrite: bool | None = None) -> Iterator[Path]:
     """A temporary file beside ``path`` for a writer that needs a path (not bytes in memory, as
     :func:`atomic_write` takes): when the block finishes it is synced to disk and renamed over ``path`` (a symlink
-    is written through); on any error, or a signal, it is removed and ``path`` is left as it was."""
+    is written through); on any error, or a signal, it is removed and ``path`` is left as it was.
+
+    ``overwrite`` False: a ``path`` that appeared meanwhile is kept and the write refused (None: replaced, for
+    files that are always rewritten). The lock of ``path`` (:mod:`vocgraft.locks`) is held throughout."""
+    from vocgraft.locks import hold
+
     path = write_through(path)
     if path.exists() and not path.is_file():
         raise OutputExistsError(f"{path} exists and is not a regular file; give the path of a file to write.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_dirs(path.parent)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{TMP_TAG}-{os.getpid()}-", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())  # the rename must never land before the data (power loss)
-        tmp.chmod(path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+    with hold(path, reentrant=True):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        folder = _Folder(path.parent)
+        remove_stale_temp_dirs(path.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{TMP_TAG}-{os.getpid()}-", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            failpoints.hit(PUBLISH, path)
+            folder.check(path)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())  # the rename must never land before the data (power loss)
+            tmp.chmod(path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+            _publish_file(tmp, path, overwrite)
+        except BaseException:
+            folder.remove(tmp)
+            raise
+        finally:
+            folder.close()
+
+
+def _publish_file(tmp: Path, path: Path, overwrite: bool | None) -> None:
+    if overwrite is not False:
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        return
+    try:
+        os.link(tmp, path)  # never replaces: an existing path fails it, atomically
+    except FileExistsError:
+        raise appeared(path) from None
+    except OSError:  # a file system without hard links: checked under the lock instead
+        if os.path.lexists(path):
+            raise appeared(path) from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def write_json(path: str | Path, data: dict) -> None:

@@ -182,14 +182,13 @@ def export_gguf(
     check_tokenizer_fits(tokenizer, rows, model)
     vocab = vocabulary(tokenizer, spec, rows, choice)
     record = {
-        "stage": STAGE,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "stage": STAGE,  # no date: the same model exports to the same bytes (the file's own time says when)
         "inputs": {"model": str(model), "text": str(text) if text is not None else None},
         "outtype": outtype,
         "tokenizer": choice.to_dict() | {"forced": force_pre is not None},
         "mismatch": mismatch.to_dict() if mismatch else None,
     }
-    _write(out, folder, arch, config, outtype, tensors, rows, choice, vocab, record)
+    _write(out, folder, arch, config, outtype, tensors, rows, choice, vocab, record, overwrite)
     return ExportResult(
         Path(out), arch, outtype, len(tensors), rows, choice, force_pre is not None, mismatch,
         time.perf_counter() - started,
@@ -207,6 +206,7 @@ def _write(
     choice: TokenizerChoice,
     vocab: Any,
     record: dict,
+    overwrite: bool = False,
 ) -> None:
     import gguf
 
@@ -220,7 +220,7 @@ def _write(
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }[outtype]
-    with atomic_output_file(out) as tmp:
+    with atomic_output_file(out, overwrite=overwrite) as tmp:  # a file that appeared meanwhile is kept
         writer = gguf.GGUFWriter(tmp, arch)  # general.architecture first
         try:
             # second, so that is_vocgraft_gguf finds it without parsing the file

@@ -4,13 +4,13 @@ Each stage's output lives in ``<out>/stages/<stage>-<key>``, where the key hashe
 of its input files and the keys of the stages it reads. A stage whose directory is complete (it holds
 ``vocgraft-stage.json``, written last) is reused, so a re-run after a crash continues where it stopped and a sweep
 shares what its variants have in common (one tokenizer for every k and method; one source evaluation). Stages
-take a file lock while they build, so parallel sweep workers never build the same stage twice.
+are locked while they build (:mod:`vocgraft.locks`), so parallel sweep workers and two runs on one folder never
+build the same stage twice: the second waits, saying which process builds it and since when, then reuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import shutil
@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vocgraft.eval.tasks import METRICS, TASKS
+from vocgraft.locks import hold
 from vocgraft.outdir import MANIFEST, STAGE_RECORD, atomic_write, write_manifest
 
 STAGE_FILE = STAGE_RECORD
@@ -53,23 +54,14 @@ def stage_key(name: str, params: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the stage complete
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def run_stage(root: Path, name: str, params: dict, build: Callable[[Path], dict | None]) -> Stage:
     """Reuse ``<root>/stages/<name>-<key>`` if complete; else ``build(path)`` (which must create ``path``, or
     leave it to us) and mark it complete. ``build`` may return facts for the stage file."""
     key = stage_key(name, params)
     path = root / "stages" / f"{name}-{key}"
-    with _locked(path):
+    # a parallel run (a sweep worker, a second `vocgraft run` on the same folder) building this stage is waited for,
+    # with a line naming it, and its stage then reused
+    with hold(path, wait=True, what="building"):
         if (path / STAGE_FILE).is_file():
             return Stage(name, key, path, True, 0.0)
         if path.exists():  # a crash after the stage's own rename, before it was marked: build it again

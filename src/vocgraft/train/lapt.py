@@ -372,6 +372,15 @@ def remove_checkpoints(root: Path) -> None:
 
 
 def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
+    """:func:`_train` holding the checkpoint folder's lock: a second run on it (a second ``--resume``) is refused
+    at once, naming this one, instead of failing later on its partial files."""
+    from vocgraft.locks import hold
+
+    with hold(config.checkpoint_root(), flag="--checkpoint-dir" if config.checkpoint_dir else "--out"):
+        return _train(config, prepared)
+
+
+def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     """Run LAPT as configured and save the trained model to ``config.out``; returns the run's summary.
 
     ``prepared`` replaces loading ``config.model`` (which then only names the source in manifests)."""
