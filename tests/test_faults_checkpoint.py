@@ -302,7 +302,7 @@ def test_a_full_disk_during_the_final_save_keeps_the_checkpoint(
         assert f"read-only file system writing the trained model to {out}" in line
     assert f"--resume (it continues from {root / 'step-0000004'})" in line
     assert not out.exists() and not list(tmp_path.glob(".out.*"))  # no half-written model
-    assert ckpt.verify(root / "step-0000004", 1)[1]
+    assert ckpt.verify(root / "step-0000004", 1)[1] and not (root / ckpt.FINISHED).exists()
     if code == errno.ENOSPC:  # space freed: the rerun finishes the same model
         assert run(monkeypatch, args(inputs, out, "--resume")) == 0
         assert_same_weights(out, reference)

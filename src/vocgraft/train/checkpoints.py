@@ -107,14 +107,25 @@ def publish(partial: Path, final: Path) -> None:
     """Rename the sealed ``partial`` into place (durably), then remove every other checkpoint of the root."""
     failpoints.hit(BEFORE_RENAME, partial)
     if final.exists():  # a damaged checkpoint of this step, skipped by the resume that got here
-        shutil.rmtree(final)
+        discard(final)
     partial.rename(final)
     _sync_dir(final.parent)
     failpoints.hit(AFTER_RENAME, final)
     failpoints.hit(BEFORE_PRUNE, final.parent)
     for old in final.parent.glob("step-*"):
         if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+            discard(old)
+
+
+def discard(checkpoint: Path) -> None:
+    """Remove a checkpoint folder: renamed out of sight first, so a kill halfway through the removal leaves a
+    hidden folder (never read, removed later), not a checkpoint with half its files."""
+    hidden = checkpoint.with_name(f".{checkpoint.name}.discarded")
+    try:
+        checkpoint.rename(hidden)
+    except OSError:
+        hidden = checkpoint
+    shutil.rmtree(hidden, ignore_errors=True)
 
 
 def required_files(processes: int) -> list[str]:
@@ -221,16 +232,18 @@ def choose(root: Path, processes: int) -> ResumePoint | None:
 
 
 def remove_partials(root: Path) -> None:
-    """Folders of checkpoints whose writing was cut short: never read, so removed when a run starts or saves."""
-    for entry in root.glob(".step-*.partial"):
+    """Folders of checkpoints whose writing (or removal) was cut short: never read, so removed when a run starts or
+    saves."""
+    for entry in [*root.glob(".step-*.partial"), *root.glob(".step-*.discarded")]:
         shutil.rmtree(entry, ignore_errors=True)
 
 
 def remove_checkpoints(root: Path) -> None:
     """Remove this run's checkpoints (the finished marker last), and ``root`` if that empties it: a
     ``--checkpoint-dir`` may name a folder that holds other files, which are not ours to delete."""
-    for entry in [*root.glob("step-*"), *root.glob(".step-*.partial")]:
-        shutil.rmtree(entry, ignore_errors=True)
+    for entry in root.glob("step-*"):
+        discard(entry)
+    remove_partials(root)
     (root / FINISHED).unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # not empty (or already gone): leave it
         root.rmdir()
@@ -241,6 +254,13 @@ def mark_finished(root: Path, out: str | os.PathLike, run_id: str, settings: dic
     root.mkdir(parents=True, exist_ok=True)
     marker = {"out": str(Path(out).absolute()), "run_id": run_id, "settings": settings, "keep_checkpoints": keep}
     atomic_write(root / FINISHED, json.dumps(marker, default=str) + "\n")
+
+
+def unmark_finished(root: Path) -> None:
+    """The final save failed: drop the marker (and ``root``, when the marker was all it held)."""
+    (root / FINISHED).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def finished_run(root: Path, out: str | os.PathLike, settings: dict) -> dict | None:

@@ -590,8 +590,12 @@ def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             ckpt.mark_finished(root, config.out, run_id, resume_settings(config), config.keep_checkpoints)
         failpoints.hit(FINAL_BEFORE_SAVE, config.out)
         need = _state_bytes(objective.model)
-        with translate_disk_errors("the trained model to", config.out, need=need, flag="--out", then=hint):
-            _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes, run_id)
+        try:
+            with translate_disk_errors("the trained model to", config.out, need=need, flag="--out", then=hint):
+                _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes, run_id)
+        except BaseException:  # the model did not reach --out: the run is not finished
+            ckpt.unmark_finished(root)
+            raise
         failpoints.hit(FINAL_AFTER_RENAME, config.out)
         _finish(root, keep=config.keep_checkpoints)
     accelerator.wait_for_everyone()
