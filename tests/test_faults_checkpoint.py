@@ -189,6 +189,17 @@ def test_a_damaged_last_checkpoint_stops_naming_the_file(
     assert not out.exists()
 
 
+def test_a_checkpoint_of_another_process_count_is_refused_as_such(two_checkpoints, tmp_path):
+    """Not damage (an earlier checkpoint would not help): the run was launched with another number of processes."""
+    from vocgraft.train.data import TrainingError
+
+    root = Path(f"{copy_run(two_checkpoints, tmp_path)}.checkpoints")
+    manifest = root / "step-0000004" / ckpt.MANIFEST
+    manifest.write_text(manifest.read_text(encoding="utf-8").replace('"processes": 1', '"processes": 2'))
+    with pytest.raises(TrainingError, match="written by 2 processes and this run has 1; resume with 2"):
+        ckpt.choose(root, 1)
+
+
 def test_an_older_checkpoint_without_manifest_is_used_with_a_warning(
     inputs, reference, two_checkpoints, tmp_path, monkeypatch, capsys
 ):

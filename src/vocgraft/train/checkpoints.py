@@ -172,8 +172,8 @@ def verify(checkpoint: Path, processes: int) -> tuple[dict, bool]:
                 f"--resume: {checkpoint} was written by {manifest['processes']} processes and this run has "
                 f"{processes}; resume with {manifest['processes']} (each process continues its own random state)."
             )
-        if not isinstance(listed, dict) or not listed:
-            raise DamagedCheckpoint(manifest_path, "lists no files")
+        if not isinstance(listed, dict) or not listed or not all(isinstance(e, dict) for e in listed.values()):
+            raise DamagedCheckpoint(manifest_path, "lists no files, or not as vocgraft writes them")
         _check_required(checkpoint, set(listed), processes)
         for name, entry in listed.items():
             path = checkpoint / name
@@ -184,7 +184,7 @@ def verify(checkpoint: Path, processes: int) -> tuple[dict, bool]:
                 raise DamagedCheckpoint(path, f"{size} bytes where {entry.get('bytes')} were written")
         for name, entry in listed.items():
             if _sha256(checkpoint / name) != entry.get("sha256"):
-                raise DamagedCheckpoint(checkpoint / name, "its contents changed since it was written (sha256)")
+                raise DamagedCheckpoint(checkpoint / name, "its contents differ from the sha256 written with it")
     else:  # an older vocgraft's: the files must at least be there and not empty
         names = {p.relative_to(checkpoint).as_posix() for p in _files(checkpoint)}
         _check_required(checkpoint, names, processes)
