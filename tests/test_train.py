@@ -222,8 +222,8 @@ KILLER = textwrap.dedent(
     import vocgraft.train.lapt as lapt
     kill_at = int(sys.argv[1])
     save = lapt._save_checkpoint
-    def save_then_die(accelerator, root, state, config, scheduler):
-        path = save(accelerator, root, state, config, scheduler)
+    def save_then_die(accelerator, root, state, config, scheduler, **kwargs):
+        path = save(accelerator, root, state, config, scheduler, **kwargs)
         if state.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         return path

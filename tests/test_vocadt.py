@@ -424,3 +424,28 @@ def test_vocadt_resumes_from_a_checkpoint_to_the_same_weights_and_refuses_other_
     assert "adapter" in capsys.readouterr().err
     assert run(tmp_path / "shared", "--resume", "--adapters", "shared") == 2  # the other form is another run
     assert "adapter" in capsys.readouterr().err
+
+
+def test_vocadt_resume_of_a_run_killed_after_its_final_save_says_it_is_finished(
+    tiny_source, tmp_path, capsys, monkeypatch
+):
+    """The model reached --out but the checkpoints were not removed: --resume builds nothing and cleans up."""
+    from vocgraft import failpoints
+
+    out, checkpoints = tmp_path / "out", tmp_path / "ckpt"
+    argv = [
+        "vocadt", "--model", str(tiny_source / "source"), "--corpus", str(tiny_source / "el.txt"),
+        "--vocab-size", "700", "--max-candidates", "8", "--seq-len", "32", "--batch-size", "2", "--max-steps", "2",
+        "--val-lines", "16", "--save-every", "1", "--checkpoint-dir", str(checkpoints), "--out", str(out),
+    ]  # fmt: skip
+    failpoints.reset()
+    monkeypatch.setenv(failpoints.ENV, "lapt.final.after_rename=raise")
+    assert main(argv) == 1  # the failpoint's exception: a stand-in for a kill at that moment
+    monkeypatch.delenv(failpoints.ENV)
+    assert (out / "vocgraft.json").is_file() and (checkpoints / "step-0000001").is_dir()
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"this run is finished (model at {out}); removed its leftover checkpoints {checkpoints}"
+    )
+    assert not checkpoints.exists()

@@ -384,6 +384,11 @@ def train_config(args):
 
 
 def print_training(summary: dict, out: str) -> None:
+    if summary.get("finished_before"):  # --resume on a run whose model was already saved: nothing trained
+        removed = summary.get("removed_checkpoints")
+        cleaned = f"; removed its leftover checkpoints {removed}" if removed else ""
+        print(f"this run is finished (model at {out}){cleaned}")
+        return
     if summary["resumed_from_step"] is not None:
         print(f"resumed from step {summary['resumed_from_step']}")
     recipe = f"recipe {summary['recipe']}, " if summary.get("recipe") else ""
@@ -419,6 +424,9 @@ def cmd_vocadt(args) -> None:
     )
     summary = vocadt_model(settings, train_config(args))
     if not summary["main_process"]:
+        return
+    if summary.get("finished_before"):
+        print_training(summary, args.out)
         return
     facts = summary["vocadt"]
     memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}

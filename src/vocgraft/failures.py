@@ -73,6 +73,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """vocgraft's own error types: their messages name the input and the fix."""
     from vocgraft.corpus import CorpusError
     from vocgraft.devices import DeviceError
+    from vocgraft.diskerrors import DiskError
     from vocgraft.export.errors import ExportError
     from vocgraft.init import MethodInputError
     from vocgraft.models import ModelLoadError
@@ -89,6 +90,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return (
         CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
         ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError, DeviceError, ExportError,
+        DiskError,
     )  # fmt: skip
 
 

@@ -54,6 +54,14 @@ def check_dense_memory(settings: VocadtSettings, model_spec: str) -> None:
     )
 
 
+def _saved_facts(out: str) -> dict | None:
+    import json
+    from pathlib import Path
+
+    manifest = json.loads((Path(out) / "vocgraft.json").read_text(encoding="utf-8"))
+    return manifest.get("vocadt")
+
+
 def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     """Build the adapters, train them, save the merged model to ``config.out``; returns the training summary
     with the adapter's facts under ``"vocadt"``."""
@@ -63,6 +71,7 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
     from vocgraft.plan import VocabPlan
     from vocgraft.recipes.replace import target_tokenizer_for
     from vocgraft.surgery import graft
+    from vocgraft.train.lapt import finished_summary
     from vocgraft.train.strategies import ADAPTERS
     from vocgraft.train.vocadt import (
         ADAPTER_FORMS,
@@ -77,12 +86,17 @@ def vocadt_model(settings: VocadtSettings, config: TrainConfig) -> dict:
         raise TrainingError(f"--adapters must be one of {', '.join(ADAPTER_FORMS)}; got {settings.adapters!r}.")
     if settings.alpha < 0:
         raise TrainingError(f"--alpha must be >= 0; got {settings.alpha}.")
-    check_writable(config.out, config.overwrite)  # before minutes of work
-    if settings.candidates is None:
-        check_dense_memory(settings, config.model)
     # VocADT's own strategy and objective, whatever the config's (the default recipe's 2x2 + MTP): only the adapters
     # train, with the CLM loss (an MTP head would need its own adapter)
     config = dataclasses.replace(config, strategy=ADAPTERS, objective="clm", adapter=settings.as_dict())
+    if config.resume and finished_summary(config) is not None:
+        # killed after its model was saved: train() says so and removes what is left, without building anything
+        summary = train(config)
+        summary["vocadt"] = _saved_facts(config.out)
+        return summary
+    check_writable(config.out, config.overwrite)  # before minutes of work
+    if settings.candidates is None:
+        check_dense_memory(settings, config.model)
     timings = {}
     start = time.perf_counter()
     # loaded on the CPU for accelerate to place, in the dtype the training device computes well

@@ -7,10 +7,13 @@ The loop is plain PyTorch on ``accelerate``: one process, several GPUs or FSDP/D
 ``accelerate launch`` and its config, not from code here. Each process takes its slice of every global batch
 (``BatchOrder``), so the data position of a run is just its step number.
 
-Checkpoints (``<out>.checkpoints/step-N``) hold model, optimizer, scheduler and every process's RNG state; a run
-killed at any point continues with ``resume=True`` from the newest complete checkpoint and ends with the same
-weights an uninterrupted run would have. The final directory (LoRA merged, MTP head dropped) loads with plain
-``transformers`` and carries the training log (``train_log.json``) and a loss-curve plot (``loss_curve.png``).
+Checkpoints (``<out>.checkpoints/step-N``) hold model, optimizer, scheduler and every process's RNG state, with a
+manifest of their files' sizes and hashes (:mod:`vocgraft.train.checkpoints`); a run killed at any point continues
+with ``resume=True`` from the newest checkpoint that is whole and ends with the same weights an uninterrupted run
+would have. A full or read-only disk while writing a checkpoint or the model stops the run with a
+:class:`~vocgraft.diskerrors.DiskError` that says what to free; the previous checkpoint stays usable. The final
+directory (LoRA merged, MTP head dropped) loads with plain ``transformers`` and carries the training log
+(``train_log.json``) and a loss-curve plot (``loss_curve.png``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import json
 import math
 import os
 import resource
-import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from dataclasses import field as dataclass_field
@@ -30,9 +33,13 @@ from typing import Any
 
 import torch
 
+from vocgraft import failpoints
+from vocgraft.diskerrors import translate_disk_errors
 from vocgraft.outdir import check_writable
 from vocgraft.progress import progress
+from vocgraft.train import checkpoints as ckpt
 from vocgraft.train import new_rows
+from vocgraft.train.checkpoints import SCHEDULER_FILE, STATE_FILE, remove_checkpoints  # noqa: F401 (re-exported)
 from vocgraft.train.data import (
     DEFAULT_JOIN,
     JOINS,
@@ -47,8 +54,16 @@ from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS
 from vocgraft.train.schedule import cosine_with_warmup, warmup_for
 from vocgraft.train.strategies import base_model, configure, embedding_weights, phases, trainable_count
 
-STATE_FILE = "trainer_state.json"
-SCHEDULER_FILE = "scheduler.pt"
+STEP = failpoints.register("lapt.step.before", "before each optimizer step (@N: the N-th this process takes)")
+FINAL_BEFORE_SAVE = failpoints.register(
+    "lapt.final.before_save", "the finished marker is written; the model is not yet saved to --out"
+)
+FINAL_AFTER_RENAME = failpoints.register(
+    "lapt.final.after_rename", "the model is in --out; the checkpoints and the finished marker are still there"
+)
+FINAL_BEFORE_CLEANUP = failpoints.register(
+    "lapt.final.before_cleanup", "before a finished run's checkpoints are removed"
+)
 # a resumed run must be the same run: these settings decide the batches, the schedule and the weights
 RESUME_KEYS = (
     "model", "corpus", "strategy", "objective", "seq_len", "batch_size", "grad_accum", "epochs", "max_steps",
@@ -157,11 +172,6 @@ class TrainingStopped(Exception):
         self.checkpoint, self.step, self.total = checkpoint, step, total
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
-    return done[-1] if done else None
-
-
 def _check_config(config: TrainConfig) -> None:
     if config.objective not in OBJECTIVES:
         raise TrainingError(f"unknown objective {config.objective!r}; choose one of {', '.join(OBJECTIVES)}.")
@@ -228,8 +238,12 @@ def new_row_group(config: TrainConfig, objective: LMObjective, prepared, sharded
     return new_rows.NewRows(new_rows.new_row_ids(config.model, rows), config.new_rows_lr_scale, decay)
 
 
-def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
-    saved = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+def resume_settings(config: TrainConfig) -> dict:
+    return {k: getattr(config, k) for k in RESUME_KEYS}
+
+
+def _load_state(checkpoint: Path, saved: dict, config: TrainConfig) -> RunState:
+    """The run's state from a checkpoint's verified ``trainer_state.json`` (``saved``), if its settings match."""
     before = {k: saved["config"].get(k, RESUME_DEFAULTS.get(k)) for k in RESUME_KEYS}
     changed = [k for k in RESUME_KEYS if before[k] != getattr(config, k)]
     if changed:
@@ -238,7 +252,80 @@ def _load_state(checkpoint: Path, config: TrainConfig) -> RunState:
             f"--resume: the checkpoint {checkpoint} was made with other settings ({diffs}); resume with the same "
             "settings, or start over with another --checkpoint-dir."
         )
-    return RunState(**saved["state"])
+    try:
+        return RunState(**saved["state"])
+    except TypeError as exc:  # fields of another vocgraft version
+        raise TrainingError(f"--resume: {checkpoint / STATE_FILE} does not hold a run state this vocgraft reads "
+                            f"({exc}); start over with another --checkpoint-dir.") from None  # fmt: skip
+
+
+def _resume_point(accelerator, root: Path) -> ckpt.ResumePoint | None:
+    """The checkpoint to resume from (:func:`~vocgraft.train.checkpoints.choose`), chosen by the main process and
+    shared with the others (each would read every file again, and all must agree)."""
+    if accelerator.is_main_process:
+        ckpt.remove_partials(root)
+    if accelerator.num_processes == 1:
+        return ckpt.choose(root, 1)
+    from accelerate.utils import broadcast_object_list
+
+    box: list = [None]
+    if accelerator.is_main_process:
+        try:
+            box = [ckpt.choose(root, accelerator.num_processes)]
+        except TrainingError as exc:
+            box = [str(exc)]
+    broadcast_object_list(box)
+    if isinstance(box[0], str):
+        raise TrainingError(box[0])
+    return box[0]
+
+
+def finished_summary(config: TrainConfig) -> dict | None:
+    """The recorded summary of a run with ``config``'s settings whose model is already complete in ``config.out``
+    (killed, at most, while removing its checkpoints), else None."""
+    if not ckpt.finished_run(config.checkpoint_root(), config.out, resume_settings(config)):
+        return None
+    try:
+        summary = json.loads((Path(config.out) / "train_log.json").read_text(encoding="utf-8"))["summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _already_finished(accelerator, config: TrainConfig, summary: dict) -> dict:
+    """Remove what a run killed after its final save left (unless checkpoints are kept); return its summary."""
+    root = config.checkpoint_root()
+    marker = ckpt.finished_run(root, config.out, resume_settings(config)) or {}
+    keep = config.keep_checkpoints or marker.get("keep_checkpoints")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _finish(root, keep=keep)
+    accelerator.wait_for_everyone()
+    return {**summary, "main_process": accelerator.is_main_process, "finished_before": str(config.out),
+            "removed_checkpoints": None if keep else str(root)}  # fmt: skip
+
+
+def _finish(root: Path, keep: bool) -> None:
+    """The model is in --out: remove the checkpoints (unless kept) and the finished marker, last."""
+    if keep:
+        (root / ckpt.FINISHED).unlink(missing_ok=True)
+        return
+    failpoints.hit(FINAL_BEFORE_CLEANUP, root)
+    remove_checkpoints(root)
+
+
+def _state_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s weights and buffers as saved (a tied matrix once)."""
+    seen: dict[int, int] = {}
+    for tensor in module.state_dict().values():
+        seen.setdefault(id(tensor), tensor.numel() * tensor.element_size())
+    return sum(seen.values())
+
+
+def _continue_hint(checkpoint: Path | None) -> str:
+    if checkpoint is None:
+        return "rerun (no checkpoint was saved yet: the training starts over)"
+    return f"rerun with --resume (it continues from {checkpoint})"
 
 
 def _validation_loss(wrapped, chunks: torch.Tensor, batch_size: int, accelerator) -> float:
@@ -343,32 +430,38 @@ def _restore_dtypes(model, dtypes: dict[str, torch.dtype], default: torch.dtype)
             param.data = param.data.to(want)
 
 
-def _save_checkpoint(accelerator, root: Path, state: RunState, config: TrainConfig, scheduler) -> Path:
-    """All processes write their part to a hidden directory; the main one renames it when complete."""
+def _save_checkpoint(
+    accelerator, root: Path, state: RunState, config: TrainConfig, scheduler, need: int | None = None
+) -> Path:
+    """All processes write their part to a hidden directory; the main one seals it (synced files and a manifest
+    written last), renames it into place and only then removes the older checkpoints. A failure (a full disk)
+    removes the hidden directory and leaves the previous checkpoint as it was. ``need``: about how many bytes a
+    checkpoint takes, for the message of a full disk."""
     final = root / f"step-{state.step:07d}"
     partial = root / f".step-{state.step:07d}.partial"
-    accelerator.save_state(str(partial))  # model, optimizer, every process's RNG states
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        # the phase's own scheduler (not registered with accelerate: two-stage has one per phase)
-        torch.save(scheduler.state_dict(), partial / SCHEDULER_FILE)
-        payload = {"config": {k: getattr(config, k) for k in RESUME_KEYS}, "state": asdict(state)}
-        (partial / STATE_FILE).write_text(json.dumps(payload) + "\n", encoding="utf-8")
-        partial.rename(final)  # a killed save leaves only the .partial directory, which resume ignores
-        for old in root.glob("step-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+    previous = max((p for p in root.glob("step-*") if p.is_dir()), default=None)
+    hint = _continue_hint(previous)
+    try:
+        with translate_disk_errors("checkpoint", final, need=need, flag="--checkpoint-dir", then=hint):
+            if accelerator.is_main_process:
+                ckpt.remove_partials(root)  # one a killed save left (maybe of this very step)
+                root.mkdir(parents=True, exist_ok=True)
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(partial))  # model, optimizer, every process's RNG states
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                # the phase's own scheduler (not registered with accelerate: two-stage has one per phase)
+                torch.save(scheduler.state_dict(), partial / SCHEDULER_FILE)
+                payload = {"config": resume_settings(config), "state": asdict(state)}
+                (partial / STATE_FILE).write_text(json.dumps(payload) + "\n", encoding="utf-8")
+                ckpt.seal(partial, state.step, accelerator.num_processes)
+                ckpt.publish(partial, final)
+    except BaseException:
+        if accelerator.is_main_process:
+            ckpt.remove_partials(root)
+        raise
     accelerator.wait_for_everyone()
     return final
-
-
-def remove_checkpoints(root: Path) -> None:
-    """Remove this run's checkpoints, and ``root`` if that empties it: a ``--checkpoint-dir`` may name a folder
-    that holds other files, which are not ours to delete."""
-    for entry in [*root.glob("step-*"), *root.glob(".step-*.partial")]:
-        shutil.rmtree(entry, ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty (or already gone): leave it
-        root.rmdir()
 
 
 def train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
@@ -391,20 +484,32 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     from vocgraft.models import describe, load_model
 
     _check_config(config)
-    check_writable(config.out, config.overwrite)  # fail before any work
+    finished = finished_summary(config)
+    if finished is not None and not config.resume:
+        raise TrainingError(
+            f"--out {config.out} already holds this run's finished model (its checkpoints are in "
+            f"{config.checkpoint_root()}); pass --resume to finish the run without training again, or choose "
+            "another --out."
+        )
+    if finished is None:
+        check_writable(config.out, config.overwrite)  # fail before any work
     wall_start = time.perf_counter()
     accelerator, precision = _accelerator(config, prepared)
+    if finished is not None:
+        return _already_finished(accelerator, config, finished)
     weights_dtype = precision.compute  # what trains and computes; saved in precision.storage
     sharded = is_sharded(accelerator)
     if sharded and prepared is not None:
         raise TrainingError("VocADT adapters cannot be trained under FSDP/DeepSpeed ZeRO; use one GPU or DDP.")
     root = config.checkpoint_root()
-    checkpoint = latest_checkpoint(root) if config.resume else None
     if not config.resume and root.exists() and any(root.glob("step-*")):
         raise TrainingError(
             f"{root} holds checkpoints of an earlier run; pass --resume to continue it, or delete the directory."
         )
-    state = _load_state(checkpoint, config) if checkpoint else RunState()
+    resume = _resume_point(accelerator, root) if config.resume else None
+    checkpoint = resume.path if resume else None
+    state = _load_state(checkpoint, resume.saved, config) if resume else RunState()
+    last_checkpoint = checkpoint  # what a rerun after a failure continues from
     set_seed(config.seed)
 
     lines = read_corpus(config.corpus, sample=config.sample, seed=config.seed, field=config.field)
@@ -460,10 +565,11 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             new_rows.attach(optimizer, trained_rows, row_group)
         # stepped by us once per global step (accelerate's wrapper would step it once per process)
         scheduler = cosine_with_warmup(optimizer, warmup, max(phase.steps, 1))
+        # AdamW keeps two float32 moments per trained weight: what a checkpoint adds to the weights
+        checkpoint_bytes = _state_bytes(objective) + 8 * sum(p.numel() for p in params)
         wrapped, optimizer = accelerator.prepare(objective, optimizer)
         if pending_checkpoint is not None:  # the first phase that runs is the one the checkpoint was taken in
-            accelerator.load_state(str(pending_checkpoint))
-            scheduler.load_state_dict(torch.load(pending_checkpoint / SCHEDULER_FILE, weights_only=True))
+            _load_checkpoint(accelerator, pending_checkpoint, scheduler, resume.verified, root)
             pending_checkpoint = None
         if not state.val:
             state.val.append({"step": 0, "loss": _validation_loss(wrapped, val_chunks, micro, accelerator)})
@@ -483,6 +589,7 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                 step_clm += clm / len(pieces)
             accelerator.clip_grad_norm_(params, config.max_grad_norm)
             lr = scheduler.get_last_lr()[0]  # the rate this update takes
+            failpoints.hit(STEP)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -515,8 +622,8 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                     flags = accelerator.reduce(torch.tensor([timed, stop], device=accelerator.device), "max")
                     timed, stop = bool(flags[0]), bool(flags[1])
                 if state.step % config.save_every == 0 or timed or stop:
-                    saved = _save_checkpoint(accelerator, root, state, config, scheduler)
-                    last_save = state.train_seconds
+                    saved = _save_checkpoint(accelerator, root, state, config, scheduler, need=checkpoint_bytes)
+                    last_save, last_checkpoint = state.train_seconds, saved
                     if stop:
                         bar.close()
                         raise TrainingStopped(saved, state.step, total_steps)
@@ -569,12 +676,39 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     }
     if accelerator.is_main_process:
         saved_dtypes = (loaded_dtypes, weights_dtype)
-        _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes)
-        if not config.keep_checkpoints:
-            remove_checkpoints(root)
+        run_id = uuid.uuid4().hex  # ties --out to this run's finished marker
+        hint = _continue_hint(last_checkpoint)
+        with translate_disk_errors("the finished marker", root, need=None, flag="--checkpoint-dir", then=hint):
+            ckpt.mark_finished(root, config.out, run_id, resume_settings(config), config.keep_checkpoints)
+        failpoints.hit(FINAL_BEFORE_SAVE, config.out)
+        need = _state_bytes(objective.model)
+        try:
+            with translate_disk_errors("the trained model to", config.out, need=need, flag="--out", then=hint):
+                _save_trained(objective, tokenizer, config, state, summary, prepared, saved_dtypes, run_id)
+        except BaseException:  # the model did not reach --out: the run is not finished
+            ckpt.unmark_finished(root)
+            raise
+        failpoints.hit(FINAL_AFTER_RENAME, config.out)
+        _finish(root, keep=config.keep_checkpoints)
     accelerator.wait_for_everyone()
     summary["wall_seconds"] = time.perf_counter() - wall_start
     return summary
+
+
+def _load_checkpoint(accelerator, checkpoint: Path, scheduler, verified: bool, root: Path) -> None:
+    """Load model, optimizer, RNG states and scheduler. A verified checkpoint's files are as written, so a failure
+    there is a bug; an older vocgraft's (unverified) may be damaged: that is said in one line."""
+    try:
+        accelerator.load_state(str(checkpoint))
+        scheduler.load_state_dict(torch.load(checkpoint / SCHEDULER_FILE, weights_only=True))
+    except Exception as exc:
+        if verified:
+            raise
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise TrainingError(
+            f"--resume: checkpoint {checkpoint} (from an older vocgraft, not verifiable) could not be read ({reason}); "
+            f"delete it to resume from an earlier one, or delete {root} to start over."
+        ) from exc
 
 
 def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
@@ -621,6 +755,7 @@ def _save_trained(
     summary: dict,
     prepared: PreparedModel | None,
     saved_dtypes: tuple[dict[str, torch.dtype], torch.dtype],
+    run_id: str,
 ) -> None:
     """The plain causal LM (LoRA merged, MTP head dropped, every weight back in the dtype it was loaded in) with its
     log and loss curve, written atomically."""
@@ -637,6 +772,7 @@ def _save_trained(
         "training": {k: v for k, v in asdict(config).items() if k not in ("inputs", "out")},
         "metrics": {k: v for k, v in summary.items() if k not in ("val", "source")},
         **(prepared.manifest if prepared else {}),
+        "run_id": run_id,  # the finished marker's (vocgraft.train.checkpoints.finished_run)
     }
     log = {"summary": summary, "steps": state.log}
     extra_json = {"train_log.json": log, **(prepared.extra_json if prepared else {})}
