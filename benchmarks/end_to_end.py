@@ -55,7 +55,6 @@ from distill import parse_init
 from vocgraft.corpus import SHARED_CORPORA, read_corpus, read_lines
 from vocgraft.eval.bpb import heldout_bits_per_byte, paired_bits_per_byte_difference
 from vocgraft.eval.canonical_use import CanonicalUse, canonical_use
-from vocgraft.eval.downstream import new_token_ids
 from vocgraft.eval.fertility import tokens_per_byte
 from vocgraft.eval.generation import GREEDY, generate_one, prompts_from_lines
 from vocgraft.eval.health import generation_health
@@ -81,7 +80,7 @@ XLABEL = "characters/s at a fixed length, relative to source + LAPT (interleaved
 GRID_KEYS = (
     "model", "ks", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
     "epochs", "updates", "lr", "warmup_steps", "join", "val_lines", "eval_lines", "en_lines", "cond_pairs",
-    "prompts", "max_new_tokens", "new_tokens", "mt_pairs", "shots", "mt_max_new_tokens", "seed",
+    "prompts", "health_prompts", "max_new_tokens", "new_tokens", "mt_pairs", "shots", "mt_max_new_tokens", "seed",
 )  # fmt: skip
 
 
@@ -287,7 +286,8 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
     timed("cond", lambda: conditional_bits_per_byte(model, tokenizer, data.pairs, lang, shots=args.shots,
                                                     limit=args.cond_pairs, show_progress=False,
                                                     bootstrap=boot))  # fmt: skip
-    timed("generation", lambda: free_generation(model, tokenizer, data.prompts, args.max_new_tokens, new))
+    prompts = data.prompts[: args.health_prompts]
+    timed("generation", lambda: free_generation(model, tokenizer, prompts, args.max_new_tokens, new))
     timed("mt", lambda: translate_and_score(model, tokenizer, data.pairs, lang, shots=args.shots,
                                             limit=args.mt_pairs, max_new_tokens=args.mt_max_new_tokens))  # fmt: skip
     out["english_bpb"].pop("bits_per_line", None)  # the per-line sums matter for the paired held-out difference only
@@ -467,9 +467,9 @@ def model_dir_of(lang: str, row: dict, args) -> str:
 def speed_pass(report: dict, args, save) -> None:
     for lang in args.langs:
         entry = report["langs"].get(lang)
-        if not entry or not entry["rows"] or ("speed" in entry and not args.redo_speed):
+        names = [r["name"] for r in (entry or {}).get("rows", [])]
+        if not names or (measured(entry, "speed") == names and not args.redo_speed):
             continue
-        names = [r["name"] for r in entry["rows"]]
         if SOURCE_LAPT not in names:
             print(f"{lang}: no source + LAPT row yet; the speed pass needs it as its baseline", flush=True)
             continue
@@ -494,6 +494,11 @@ def speed_pass(report: dict, args, save) -> None:
         del models
 
 
+def measured(entry: dict, key: str) -> list[str] | None:
+    """The rows an earlier pass measured (in row order), or None."""
+    return list(entry[key]["models"]) if key in entry else None
+
+
 def fixed_length_ratios(speed: dict, baseline: str) -> dict[str, float]:
     """Characters/s of each model over the ``baseline``'s in the same interleaved pass (point estimates)."""
     base = speed["models"][baseline]["chars_per_second"]
@@ -506,7 +511,8 @@ def llama_cpp_pass(report: dict, args, save) -> None:
 
     for lang in args.langs:
         entry = report["langs"].get(lang)
-        if not entry or not entry["rows"] or ("llama_cpp" in entry and not args.redo_speed):
+        names = [r["name"] for r in (entry or {}).get("rows", [])]
+        if SOURCE_LAPT not in names or (measured(entry, "llama_cpp") == names and not args.redo_speed):
             continue
         data = language_data(lang, args)
         models = {}
@@ -551,7 +557,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", nargs="*", type=int, default=[1000])
     parser.add_argument("--inits", nargs="*", default=["mean", "align", "distill=distill_merge:all"],
                         help="as in benchmarks/distill.py: label=key:value")  # fmt: skip
-    parser.add_argument("--equal-lines-inits", nargs="*", default=["distill"], help="init labels also trained at equal lines")
+    parser.add_argument(
+        "--equal-lines-inits", nargs="*", default=["distill"], help="init labels also trained at equal lines"
+    )
     parser.add_argument("--variants", nargs="*", default=[],
                         help="label=setting:value rows, e.g. newrows10=new_rows_lr_scale:10 "
                         "two-stage=strategy:two-stage-2x2 clm=objective:clm")  # fmt: skip
@@ -577,6 +585,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--en-lines", type=int, default=500, help="English held-out lines for bits/byte")
     parser.add_argument("--cond-pairs", type=int, default=1000, help="pairs for translation-conditional bits/byte")
     parser.add_argument("--prompts", type=int, default=50, help="prompts cut from the last held-out lines")
+    parser.add_argument("--health-prompts", type=int, default=None,
+                        help="free greedy generation on the first N prompts (default: all)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="free greedy generation (may stop)")
     parser.add_argument("--new-tokens", type=int, default=64, help="the speed passes' fixed length")
     parser.add_argument("--mt-pairs", type=int, default=50)
@@ -597,6 +607,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--speed", action="store_true", help="after the rows: the fixed-length speed pass (idle cores)")
     parser.add_argument("--llama-cpp", action="store_true", help="after the rows: the same speed pass in llama.cpp")
     parser.add_argument("--redo-speed", action="store_true", help="measure a language's speed again")
+    parser.add_argument("--no-rows", action="store_true", help="only the passes (--speed, --llama-cpp), no new row")
     args = parser.parse_args(argv)
     for name in ("lines", "val_lines", "prompts", "mt_pairs", "cond_pairs", "en_lines", "seq_len", "batch_size",
                  "threads", "new_tokens", "max_new_tokens"):  # fmt: skip
@@ -604,8 +615,13 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     if args.val_lines >= args.lines:
         parser.error(f"--val-lines {args.val_lines} must be fewer than --lines {args.lines} (LAPT trains on the rest)")
-    if args.prompts < 2 or args.cond_pairs < 2:
-        parser.error("--prompts and --cond-pairs need at least 2 (intervals; a mismatched source)")
+    if args.health_prompts is None:
+        args.health_prompts = args.prompts
+    if args.prompts < 2 or args.cond_pairs < 2 or not 1 <= args.health_prompts <= args.prompts:
+        parser.error(
+            "--prompts and --cond-pairs need at least 2 (intervals; a mismatched source), --health-prompts "
+            "1 to --prompts"
+        )
     try:
         for spec in args.variants:
             parse_variant(spec)
@@ -660,21 +676,22 @@ def main(argv=None) -> int:
 
     grid = Grid(args, report, process, save)
     try:
-        prepared = {lang: grid.prepare(lang) for lang in args.langs}
+        prepared = {} if args.no_rows else {lang: grid.prepare(lang) for lang in args.langs}
         for lang, ready in prepared.items():
             if ready is not None:
                 grid.run_language(lang, ready)
         report["finished"] = all(grid.done(lang, r.name) for lang in args.langs for r in planned_rows(lang, args))
-        if args.speed:
-            speed_pass(report, args, save)
-        if args.llama_cpp:
-            llama_cpp_pass(report, args, save)
     except (TrainingStopped, OutOfBudget) as exc:
         report["processes"][process]["stopped"] = f"--budget-minutes {args.budget_minutes} ran out: {exc}".strip()
         print(f"stopped: the budget ran out ({exc}); run again with --resume to continue.", flush=True)
     except GridError as exc:  # raised before any model work of this process: nothing new to save
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # the passes measure the rows finished so far (a language's pass runs again once it has more rows)
+    if args.speed:
+        speed_pass(report, args, save)
+    if args.llama_cpp:
+        llama_cpp_pass(report, args, save)
     save()
     return 0
 
@@ -739,16 +756,30 @@ def write_markdown(report: dict, path: Path) -> None:
     budget = f"{a['updates']} updates" if a.get("updates") else "source + LAPT's updates"
     parts = [
         f"# End to end: init -> LAPT -> generation, {report['model']}\n",
-        ("Every row of the grid is finished." if report.get("finished")
-         else "**The grid is not finished: the rows below are the ones completed so far** (`--resume` goes on).")
-        + (f" {a['note']}" if a.get("note") else "") + "\n",
+        (
+            "Every row of the grid is finished."
+            if report.get("finished")
+            else "**The grid is not finished: the rows below are the ones completed so far** (`--resume` goes on)."
+        )
+        + (f" {a['note']}" if a.get("note") else "")
+        + "\n",
         f"{report['machine']}, GPU: {report.get('gpu', 'none')}; each row names the device it ran on. Processes:\n",
         markdown_table(
             ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed", "stopped"],
-            [[i, p["started"], p.get("wall_seconds", 0) / 60, " / ".join(f"{x:.1f}" for x in p["load_before"]),
-              " / ".join(f"{x:.1f}" for x in p.get("load_after", p["load_before"])), p["torch_threads"],
-              p.get("device", "none"), "yes" if p["resume"] else "no", p.get("stopped", "")]
-             for i, p in enumerate(report["processes"])],
+            [
+                [
+                    i,
+                    p["started"],
+                    p.get("wall_seconds", 0) / 60,
+                    " / ".join(f"{x:.1f}" for x in p["load_before"]),
+                    " / ".join(f"{x:.1f}" for x in p.get("load_after", p["load_before"])),
+                    p["torch_threads"],
+                    p.get("device", "none"),
+                    "yes" if p["resume"] else "no",
+                    p.get("stopped", ""),
+                ]
+                for i, p in enumerate(report["processes"])
+            ],
         ),  # fmt: skip
         f"\nSettings: languages {', '.join(a['langs'])}; k {', '.join(map(str, a['ks']))}; inits "
         f"{', '.join(a['inits'])}; auxiliary BPE of {a['aux_vocab_size']} on the first {a['aux_lines']} training "
@@ -762,7 +793,8 @@ def write_markdown(report: dict, path: Path) -> None:
         "and its paired difference to source + LAPT (negative: better); English held-out bits/byte "
         f"({a['en_lines']} lines); MT gain: translation-conditional bits/byte of the reference after a mismatched "
         f"source minus after its own ({a['cond_pairs']} pairs, {a['shots']}-shot; larger: the model uses the source "
-        f"more); free greedy generation on {a['prompts']} held-out prompts ({a['max_new_tokens']} new tokens at most): "
+        f"more); free greedy generation on {a['health_prompts']} held-out prompts ({a['max_new_tokens']} new tokens "
+        "at most): "
         "canonical rate (new ids emitted / new ids in the canonical re-encoding), EOS-stop rate, mean new tokens, "
         "repeated character 8-gram share, U+FFFD share; 'argmax new': teacher-forced share of the held-out new-token "
         f"positions where the argmax is that token; chrF: {a['mt_pairs']} pairs en->xx (a column only, every "
@@ -789,8 +821,18 @@ def write_markdown(report: dict, path: Path) -> None:
                 f"{speed['load_after'][0]:.1f}. Ratio = chars/token ratio x time/token ratio, both against source + "
                 "LAPT; 95% paired bootstrap interval over prompts.\n\n"
                 + markdown_table(
-                    ["model", "x chars/s vs source+LAPT", "x vs source", "chars/token", "x chars/token",
-                     "x time/token", "ms/decode step", "ms first token", "held-out tokens/byte", "short"],
+                    [
+                        "model",
+                        "x chars/s vs source+LAPT",
+                        "x vs source",
+                        "chars/token",
+                        "x chars/token",
+                        "x time/token",
+                        "ms/decode step",
+                        "ms first token",
+                        "held-out tokens/byte",
+                        "short",
+                    ],
                     speed_rows(speed),
                 )  # fmt: skip
                 + "\n"

@@ -152,7 +152,8 @@ def main(argv=None) -> None:
     for name, own in result["models"].items():
         ratio = own["chars_per_second_ratio"]
         print(f"{name}: {own['chars_per_second']:.1f} chars/s, {own['chars_per_token']:.3f} chars/token, "
-              f"x{ratio['estimate']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}] against {result['baseline']}")  # fmt: skip
+              f"x{ratio['estimate']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}] "
+              f"against {result['baseline']}")  # fmt: skip
     print(f"-> {args.out}")
 
 

@@ -104,13 +104,19 @@ def test_the_rows_train_at_equal_updates_resume_and_the_speed_pass_is_against_so
     assert rows["source"]["bpb"].pop("vs_source_lapt")["estimate"] > -100
     assert rows["source"] == first["langs"]["el"]["rows"][0]
     assert [r["process"] for r in rows.values()] == [0, 1, 1, 1]
-    source_lapt, expanded, lines_arm = rows["source + LAPT"], rows["k=40 mean + LAPT"], rows["k=40 mean + LAPT (equal lines)"]
+    source_lapt, expanded, lines_arm = (
+        rows["source + LAPT"],
+        rows["k=40 mean + LAPT"],
+        rows["k=40 mean + LAPT (equal lines)"],
+    )
     assert source_lapt["lapt"]["resumed_from_step"] is not None
     # equal updates: the expanded model trains as many updates as the source, on fewer tokens per line
     assert expanded["lapt"]["steps"] == source_lapt["lapt"]["steps"] and expanded["lapt"]["budget"] == "max_steps"
     assert expanded["lapt"]["epochs"] > source_lapt["lapt"]["epochs"]
     assert lines_arm["lapt"]["budget"] == "epochs" and lines_arm["lapt"]["steps"] <= source_lapt["lapt"]["steps"]
-    assert all(r["lapt"]["warmup_steps"] >= 1 and r["lapt"]["join"] == "newline" for r in rows.values() if r.get("lapt"))
+    assert all(
+        r["lapt"]["warmup_steps"] >= 1 and r["lapt"]["join"] == "newline" for r in rows.values() if r.get("lapt")
+    )
     # the rulers: intervals, the paired difference to source + LAPT, every generated text
     assert expanded["bpb"]["interval"]["low"] <= expanded["bpb"]["bits_per_byte"] <= expanded["bpb"]["interval"]["high"]
     assert source_lapt["bpb"]["vs_source_lapt"]["estimate"] == 0

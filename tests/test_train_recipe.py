@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama, tiny_sp_tokenizer, tiny_unigram_tokenizer
-from tiny import tiny_wordpiece_tokenizer
+from tiny import (
+    lines,
+    tiny_bytelevel_tokenizer,
+    tiny_llama,
+    tiny_sp_tokenizer,
+    tiny_unigram_tokenizer,
+    tiny_wordpiece_tokenizer,
+)
 
 import vocgraft.train.data as data
 from vocgraft.cli import build_parser, main, train_config

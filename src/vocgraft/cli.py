@@ -372,7 +372,6 @@ def corpus_spec(args) -> str | list:
 
 def train_config(args):
     from vocgraft.train.lapt import TrainConfig
-
     from vocgraft.train.recipe import with_recipe
 
     names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs", "corpus", "adapter"}
