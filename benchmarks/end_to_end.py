@@ -273,9 +273,13 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
     new = set(new_ids) if new_ids else None
     out, seconds = {}, {}
 
-    def timed(name, fn):
+    def timed(name, fn):  # a ruler that fails is recorded, the others still measure (a GPU lease is short)
         start = time.perf_counter()
-        out[name] = fn()
+        try:
+            out[name] = fn()
+        except Exception as exc:
+            traceback.print_exc()
+            out[name] = {"error": repr(exc)}
         seconds[name] = time.perf_counter() - start
 
     boot = {"seed": args.seed}
@@ -292,7 +296,6 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
                                             limit=args.mt_pairs, max_new_tokens=args.mt_max_new_tokens))  # fmt: skip
     out["english_bpb"].pop("bits_per_line", None)  # the per-line sums matter for the paired held-out difference only
     out["english_bpb"].pop("bytes_per_line", None)
-    out["cond"] = {k: v for k, v in out["cond"].items() if not k.endswith("_per_pair")}
     out["eval_seconds"] = seconds
     return out
 
@@ -445,7 +448,7 @@ def add_paired_difference(entry: dict) -> None:
     """Each row's held-out bits/byte minus source + LAPT's on the same lines, with the paired interval."""
     rows = {r["name"]: r for r in entry["rows"]}
     reference = rows.get(SOURCE_LAPT)
-    if reference is None:
+    if reference is None or "bits_per_line" not in reference["bpb"]:
         return
     for row in rows.values():
         if "bits_per_line" in row["bpb"] and "vs_source_lapt" not in row["bpb"]:
@@ -701,16 +704,28 @@ def main(argv=None) -> int:
 
 
 def print_row(lang: str, row: dict) -> None:
-    b, g, c = row["bpb"], row["generation"], row["cond"]
-    rate = g.get("canonical_rate")
+    g = row["generation"]
     print(
-        f"{lang} {row['name']}: {b['bits_per_byte']:.3f} bits/byte [{b['interval']['low']:.3f}, "
-        f"{b['interval']['high']:.3f}], English {row['english_bpb']['bits_per_byte']:.3f}, MT gain "
-        f"{c['gain_bits_per_byte']:.3f}, EOS stops {g['eos_stop_rate']:.2f}, repeats "
-        f"{fmt(g['repeated_char_ngram_share'])}, canonical rate {fmt(rate)}, updates "
-        f"{(row.get('lapt') or {}).get('steps', '-')}, {row['seconds']:.0f} s",
+        f"{lang} {row['name']}: {interval(val(row, 'bpb', 'interval'))} bits/byte, English "
+        f"{fmt(val(row, 'english_bpb', 'bits_per_byte'), 3)}, "
+        f"MT gain {fmt(val(row, 'cond', 'gain_bits_per_byte'), 3)}, "
+        f"EOS stops {fmt(g.get('eos_stop_rate'))}, repeats {fmt(g.get('repeated_char_ngram_share'))}, canonical rate "
+        f"{fmt(g.get('canonical_rate'))}, updates {(row.get('lapt') or {}).get('steps', '-')}, {row['seconds']:.0f} s"
+        + "".join(f"; {key} failed: {row[key]['error']}" for key in RULERS if "error" in row[key]),
         flush=True,
     )
+
+
+RULERS = ("bpb", "english_bpb", "cond", "generation", "mt")
+
+
+def val(row: dict, *keys):
+    """``row[k1][k2]...``, or None where a ruler failed or a key is missing."""
+    for key in keys:
+        if not isinstance(row, dict) or key not in row:
+            return None
+        row = row[key]
+    return row
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -726,10 +741,10 @@ def interval(d: dict | None, digits: int = 3) -> str:
 def quality_row(r: dict) -> list:
     lapt_facts, g = r.get("lapt") or {}, r["generation"]
     return [
-        r["name"], interval(r["bpb"]["interval"]), interval(r["bpb"].get("vs_source_lapt")),
-        interval(r["english_bpb"]["interval"]), interval(r["cond"]["gain"]), fmt(g.get("canonical_rate")),
-        fmt(r["bpb"].get("argmax_new_share")), fmt(g["eos_stop_rate"]), fmt(g["mean_new_tokens"], 1),
-        fmt(g["repeated_char_ngram_share"]), fmt(g["replacement_char_share"], 3), fmt(r["mt"]["chrf"], 1),
+        r["name"], interval(val(r, "bpb", "interval")), interval(val(r, "bpb", "vs_source_lapt")),
+        interval(val(r, "english_bpb", "interval")), interval(val(r, "cond", "gain")), fmt(g.get("canonical_rate")),
+        fmt(val(r, "bpb", "argmax_new_share")), fmt(g.get("eos_stop_rate")), fmt(g.get("mean_new_tokens"), 1),
+        fmt(g.get("repeated_char_ngram_share")), fmt(g.get("replacement_char_share"), 3), fmt(val(r, "mt", "chrf"), 1),
         lapt_facts.get("steps", "–"), lapt_facts.get("tokens_trained", "–"), fmt(lapt_facts.get("epochs")),
         lapt_facts.get("warmup_steps", "–"),
         f"{fmt(lapt_facts.get('val_loss_start'))} -> {fmt(lapt_facts.get('val_loss_end'))}" if lapt_facts else "–",
@@ -842,12 +857,13 @@ def write_markdown(report: dict, path: Path) -> None:
             points = [
                 {"init": r["name"], "speedup": speed["models"][r["name"]]["chars_per_second_ratio"]["estimate"],
                  "bits_per_byte": r["bpb"]["bits_per_byte"], "new_tokens": r["k"]}
-                for r in entry["rows"] if r["name"] in speed["models"]
+                for r in entry["rows"] if r["name"] in speed["models"] and "bits_per_byte" in r["bpb"]
             ]  # fmt: skip
             reference = next(r for r in entry["rows"] if r["name"] == SOURCE_LAPT)
-            png = path.with_name(f"{path.stem}-{lang}.png")
-            atomic_write(png, speedup_quality_png(points, reference["bpb"]["bits_per_byte"], 0.02, XLABEL))
-            parts.append(f"![{lang}: chars/s vs bits/byte]({png.name})\n")
+            if points and "bits_per_byte" in reference["bpb"]:
+                png = path.with_name(f"{path.stem}-{lang}.png")
+                atomic_write(png, speedup_quality_png(points, reference["bpb"]["bits_per_byte"], 0.02, XLABEL))
+                parts.append(f"![{lang}: chars/s vs bits/byte]({png.name})\n")
     parts.append("\nCommand:\n\n    .venv/bin/python benchmarks/end_to_end.py --budget-minutes M [--resume] "
                  "[--speed] [--llama-cpp]\n")  # fmt: skip
     atomic_write(path, "\n".join(parts))
