@@ -84,6 +84,9 @@ GRID_KEYS = (
 )  # fmt: skip
 
 
+COND_ROW_KEYS = ("bits", "mismatched_bits", "bytes", "tokens")
+
+
 class GridError(ValueError):
     """A grid whose sizes cannot work together; the message names the flag to change."""
 
@@ -296,6 +299,8 @@ def measure(model_dir: str, data: LanguageData, lang: str, args, new_ids=None) -
                                             limit=args.mt_pairs, max_new_tokens=args.mt_max_new_tokens))  # fmt: skip
     out["english_bpb"].pop("bits_per_line", None)  # the per-line sums matter for the paired held-out difference only
     out["english_bpb"].pop("bytes_per_line", None)
+    if "rows" in out["cond"]:  # the pairs' texts are the parallel file's (by index): keep only what each scored
+        out["cond"]["rows"] = [{k: r[k] for k in COND_ROW_KEYS if k in r} for r in out["cond"]["rows"]]
     out["eval_seconds"] = seconds
     return out
 
