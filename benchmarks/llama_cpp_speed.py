@@ -107,8 +107,12 @@ def llama_cpp_speeds(
         "prompts": list(prompts),
         "order": "prompt by prompt, the models' order rotated by one each prompt",
         "baseline": baseline or next(iter(models)),
-        "engine": {"llama_cpp": getattr(llama_cpp, "__version__", "?"), "n_threads": threads,
-                   "n_gpu_layers": n_gpu_layers, "n_ctx": n_ctx},  # fmt: skip
+        "engine": {
+            "llama_cpp": getattr(llama_cpp, "__version__", "?"),
+            "n_threads": threads,
+            "n_gpu_layers": n_gpu_layers,
+            "n_ctx": n_ctx,
+        },  # fmt: skip
         "bootstrap": dict(bootstrap or {}),
         "models": speed_summary(samples, new_tokens, baseline=baseline, bootstrap=bootstrap),
     }
@@ -116,8 +120,13 @@ def llama_cpp_speeds(
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", action="append", required=True, metavar="NAME=GGUF:FOLDER",
-                        help="a GGUF file and the model folder it was exported from (its tokenizer); repeat")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME=GGUF:FOLDER",
+        help="a GGUF file and the model folder it was exported from (its tokenizer); repeat",
+    )
     parser.add_argument("--lang", default="el", help="held-out language the prompts are cut from")
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--new-tokens", type=int, default=64)

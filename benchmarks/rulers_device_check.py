@@ -66,8 +66,10 @@ def main() -> None:
     keys = ("short_generations", "seconds_per_token", "first_token_seconds_mean", "decode_seconds_per_step",
             "chars_per_token", "chars_per_second", "chars_per_token_ratio", "time_per_token_ratio")  # fmt: skip
     report["speed"] = {
-        name: {**{k: own[k] for k in keys}, "ratio": {k: own["chars_per_second_ratio"][k] for k in
-                                                       ("estimate", "low", "high")}}  # fmt: skip
+        name: {
+            **{k: own[k] for k in keys},
+            "ratio": {k: own["chars_per_second_ratio"][k] for k in ("estimate", "low", "high")},
+        }  # fmt: skip
         for name, own in speed["models"].items()
     }
     pairs = [(text[i % len(text)], text[(7 * i + 3) % len(text)]) for i in range(args.pairs + 3)]
@@ -76,8 +78,18 @@ def main() -> None:
         result = conditional_bits_per_byte(a, tok, pairs, "el", limit=limit, prefix_cache=cached, show_progress=False)
         report[f"conditional cache={cached} pairs={result['pairs']}"] = {
             "seconds": time.perf_counter() - start,
-            **{k: result[k] for k in ("prefix_cached", "forward_tokens", "tokens_scored", "conditional_bits_per_byte",
-                                      "gain_bits_per_byte", "truncated", "boundary_fallbacks")},  # fmt: skip
+            **{
+                k: result[k]
+                for k in (
+                    "prefix_cached",
+                    "forward_tokens",
+                    "tokens_scored",
+                    "conditional_bits_per_byte",
+                    "gain_bits_per_byte",
+                    "truncated",
+                    "boundary_fallbacks",
+                )
+            },  # fmt: skip
         }
     print(json.dumps(report, indent=1))
     if args.out:

@@ -231,8 +231,8 @@ def fixed_length_speeds(
         device = next(model.parameters()).device
         encoded = [tokenizer(p, return_tensors="pt").input_ids.to(device) for p in prompts]  # outside the timer
         stops = stop_ids(tokenizer, model)
-        runners[name] = (
-            lambda i, m=model, t=tokenizer, e=encoded, s=stops: fixed_length_generate(m, t, e[i], new_tokens, s)
+        runners[name] = lambda i, m=model, t=tokenizer, e=encoded, s=stops: fixed_length_generate(
+            m, t, e[i], new_tokens, s
         )
     samples = interleave(runners, len(prompts), warmup=warmup)
     return {

@@ -326,8 +326,18 @@ def _ranges() -> dict[str, tuple]:
         **{
             f"train.{key}": RULES[key]
             for key in (
-                "seq_len", "batch_size", "grad_accum", "epochs", "max_steps", "max_tokens", "lr", "warmup_steps",
-                "weight_decay", "new_rows_lr_scale", "new_rows_weight_decay", "stage1_share",
+                "seq_len",
+                "batch_size",
+                "grad_accum",
+                "epochs",
+                "max_steps",
+                "max_tokens",
+                "lr",
+                "warmup_steps",
+                "weight_decay",
+                "new_rows_lr_scale",
+                "new_rows_weight_decay",
+                "stage1_share",
             )
         },  # fmt: skip
         "train.sample": RULES["sample"],

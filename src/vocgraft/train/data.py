@@ -47,7 +47,7 @@ def separator_ids(tokenizer: Any, join: str) -> list[int]:
     if not ids or (unknown is not None and unknown in ids):
         shown = "nothing" if not ids else " ".join(tokenizer.convert_ids_to_tokens(ids))
         warnings.warn(
-            f"--join newline: this tokenizer has no token for a line break (it encodes \"\\n\" as {shown}), so "
+            f'--join newline: this tokenizer has no token for a line break (it encodes "\\n" as {shown}), so '
             "lines are joined by nothing, as with --join none; --join eos puts EOS between them instead.",
             stacklevel=2,
         )
