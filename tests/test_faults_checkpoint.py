@@ -262,6 +262,21 @@ def test_a_run_killed_after_its_final_rename_is_finished(
     assert_same_weights(out, reference)
 
 
+def test_a_finished_run_with_kept_checkpoints_says_so_on_resume(inputs, reference, tmp_path, monkeypatch, capsys):
+    """--keep-checkpoints: the checkpoints stay, and so does the record that their run finished, so the same
+    command with --resume says the run is finished (and keeps them) instead of refusing the existing --out."""
+    out = tmp_path / "out"
+    root = Path(f"{out}.checkpoints")
+    assert run(monkeypatch, args(inputs, out, "--keep-checkpoints")) == 0
+    assert (root / ckpt.FINISHED).is_file() and (root / "step-0000004").is_dir()
+    capsys.readouterr()
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert run(monkeypatch, args(inputs, out, "--keep-checkpoints", "--resume")) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [f"this run is finished (model at {out})"]
+    assert (root / "step-0000004").is_dir() and (out / "model.safetensors").stat().st_mtime_ns == before
+    assert_same_weights(out, reference)
+
+
 def test_a_finished_marker_of_another_run_is_not_trusted(inputs, two_checkpoints, tmp_path, monkeypatch, capsys):
     """--out replaced by something else (or the model never got there): the marker does not make it finished."""
     out = copy_run(two_checkpoints, tmp_path)

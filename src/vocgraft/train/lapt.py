@@ -306,9 +306,9 @@ def _already_finished(accelerator, config: TrainConfig, summary: dict) -> dict:
 
 
 def _finish(root: Path, keep: bool) -> None:
-    """The model is in --out: remove the checkpoints (unless kept) and the finished marker, last."""
+    """The model is in --out: remove the checkpoints and the finished marker, last. Kept checkpoints keep the
+    marker too: it says they belong to a finished run, so a later ``--resume`` says so instead of refusing --out."""
     if keep:
-        (root / ckpt.FINISHED).unlink(missing_ok=True)
         return
     failpoints.hit(FINAL_BEFORE_CLEANUP, root)
     remove_checkpoints(root)
@@ -593,7 +593,8 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            losses = accelerator.reduce(torch.stack([step_loss, step_clm]), reduction="mean")
+            # read on the host before the clock stops: on a GPU this is where the step's kernels are waited for
+            step_mean, clm_mean = accelerator.reduce(torch.stack([step_loss, step_clm]), reduction="mean").tolist()
             seconds = time.perf_counter() - tick
             state.train_seconds += seconds
             state.step = step + 1
@@ -602,8 +603,8 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
                     "step": state.step,
                     "seconds": round(seconds, 4),
                     "phase": phase.setup,
-                    "loss": round(float(losses[0]), 5),
-                    "clm_loss": round(float(losses[1]), 5),
+                    "loss": round(step_mean, 5),
+                    "clm_loss": round(clm_mean, 5),
                     "lr": lr,
                 }
             )
