@@ -173,7 +173,9 @@ def leftovers(*folders: Path) -> list[str]:
     for folder in folders:
         if folder.exists():
             for path in folder.rglob("*"):
-                if any(mark in path.name for mark in LEFTOVER_MARKS):
+                # every run here keeps its checkpoints (--keep-checkpoints): their run's finished record stays with them
+                kept = path.name == "finished.json" and any(path.parent.glob("step-*"))
+                if any(mark in path.name for mark in LEFTOVER_MARKS) and not kept:
                     found.append(str(path))
     return sorted(found)
 
@@ -275,12 +277,11 @@ class Battery:
     # -- 7a: a finished run (checkpoints kept) resumed again
     def finished_resume(self) -> Result:
         case = self.folder("s7a")
-        shutil.copytree(self.ref_out, case / "ref")  # the reference's own command, in a folder of its own
-        shutil.copytree(self.work / "ref.checkpoints", case / "ref.checkpoints")
+        first = self.tree.run(train_args(self.work, case / "ref"), case)  # the reference's command, in place
         before = digest(case / "ref")
         run = self.tree.run(train_args(self.work, case / "ref", "--resume"), case)
-        return self._after_finished("7a", "finished run (--keep-checkpoints) resumed again", case, before, [run],
-                                    "")  # fmt: skip
+        return self._after_finished("7a", "finished run (--keep-checkpoints) resumed again", case, before,
+                                    [first, run], "")  # fmt: skip
 
     # -- 7b: killed right after the final rename (strace holds each rename; SIGKILL once --out exists)
     def killed_after_rename(self) -> Result:
@@ -320,6 +321,9 @@ class Battery:
         out = Path(str(run.argv[run.argv.index("--out") + 1]))
         verdict = compare(out, self.ref)
         left = leftovers(case)
+        if "--keep-checkpoints" in map(str, run.argv):  # kept on request: the checkpoints and their run's record
+            kept = Path(f"{out}.checkpoints")
+            left = [path for path in left if not Path(path).is_relative_to(kept)]
         changed = out.is_dir() and digest(out) != before
         if not out.is_dir() or verdict != "match":
             cls, why = "data-loss", f"the finished model is {'gone' if not out.is_dir() else verdict}"
