@@ -591,7 +591,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # evaluation
     parser.add_argument("--eval-lines", type=int, default=None, help="held-out lines for bits/byte (default: all)")
     parser.add_argument("--en-lines", type=int, default=500, help="English held-out lines for bits/byte")
-    parser.add_argument("--cond-pairs", type=int, default=1000, help="pairs for translation-conditional bits/byte")
+    parser.add_argument("--cond-pairs", type=int, default=997, help="pairs for translation-conditional bits/byte")
     parser.add_argument("--prompts", type=int, default=50, help="prompts cut from the last held-out lines")
     parser.add_argument("--health-prompts", type=int, default=None,
                         help="free greedy generation on the first N prompts (default: all)")  # fmt: skip
