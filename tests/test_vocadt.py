@@ -412,7 +412,8 @@ def test_vocadt_resumes_from_a_checkpoint_to_the_same_weights_and_refuses_other_
         )  # fmt: skip
 
     assert run(tmp_path / "first") == 0
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-0000002"]
+    # kept checkpoints keep the record that their run finished (a --resume of that run says so)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["finished.json", "step-0000002"]
     assert run(tmp_path / "resumed", "--resume") == 0
     first = AutoModelForCausalLM.from_pretrained(tmp_path / "first").get_input_embeddings().weight
     resumed = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed").get_input_embeddings().weight
