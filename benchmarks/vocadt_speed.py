@@ -57,6 +57,10 @@ SCALES = {
 }
 
 
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def random_matrix(rows: int, hidden: int, seed: int) -> torch.Tensor:
     """Normal rows in bfloat16, drawn in blocks (no float32 copy of the whole matrix)."""
     generator = torch.Generator().manual_seed(seed)
@@ -146,7 +150,7 @@ def main() -> None:
     args.sample = args.sample or scale["sample"]
     args.out = args.out or str(RESULTS / ("vocadt_speed" if args.scale == "full" else f"vocadt_speed-{args.scale}"))
     torch.set_num_threads(args.threads)
-    report = new_report(scale["source"], args, load_before=os.getloadavg())
+    report = new_report(scale["source"], args, load_before=load_average())
     print(f"load average before: {report['load_before']}", flush=True)
 
     tick = time.perf_counter()
@@ -213,7 +217,7 @@ def main() -> None:
     if peaks["float32"]:
         report["old"]["roofline_share"] = report["old"]["gflops"] / peaks["float32"]
     report["speedup"] = report["old"]["estimated_seconds"] / new["seconds"]
-    report["load_after"] = os.getloadavg()
+    report["load_after"] = load_average()
     write_json(f"{args.out}.json", report)
     write_markdown(report, Path(f"{args.out}.md"))
     print(f"speed-up {report['speedup']:.1f}x; load average after: {report['load_after']}")
@@ -221,7 +225,7 @@ def main() -> None:
 
 def write_markdown(report: dict, path: Path) -> None:
     a, s, new, old, agree = report["args"], report["shape"], report["new"], report["old"], report["agreement"]
-    steps = new["search_steps"]
+    steps, peaks = new["search_steps"], report["roofline_gflops"]
     share = new.get("search_roofline_share")
     rows = [
         ["new: adapter start (bfloat16 shortlist, float32 settling)", new["seconds"], new["cpu_seconds"],
@@ -245,10 +249,9 @@ def write_markdown(report: dict, path: Path) -> None:
         f"fallback {steps['exact']:.1f} for {new['fallback_rows']:,} rows. GFLOP/s: the shortlist's bfloat16 "
         "products (2 x rows x keys x hidden) over the search's seconds; the exact search's float32 products over "
         f"its own. Roofline (benchmarks/results/roofline.json, this CPU's FLOP-weighted median): "
-        f"{report['roofline_gflops']['bfloat16']} GFLOP/s bfloat16, {report['roofline_gflops']['float32']} "
-        "float32.\n",
+        f"{peaks['bfloat16'] or 0:.0f} GFLOP/s bfloat16, {peaks['float32'] or 0:.0f} float32.\n",
         f"Agreement with the exact float32 search on {agree['rows']:,} rows: {agree['same_set_rows']:,} "
-        f"({agree['same_set_share']:.2%}) have the same neighbour set, recall@K {agree['recall_at_k']:.4%}; "
+        f"({agree['same_set_share']:.4%}) have the same neighbour set, recall@K {agree['recall_at_k']:.5%}; "
         f"{agree['same_order_rows']:,} also in the same order (the new search orders by bfloat16 similarity above "
         "the k-th, float32 around it).\n",
         f"Speed-up of the whole start over the exact search alone: {report['speedup']:.1f}x.\n",

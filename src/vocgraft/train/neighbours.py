@@ -37,7 +37,7 @@ SHORTLIST_BLOCK = 32768  # keys per block of the shortlist: QUERY_BLOCK x SHORTL
 GROUP = 32  # keys per group max in the shortlist's one pass over a block
 MARGIN = 16  # shortlist ranks past k, and ranks before k recomputed in float32
 SAFETY = 2.0  # eps = SAFETY x the largest bfloat16 error seen on the recomputed ranks
-RESCORE_CHUNK = 64  # queries per float32 recomputation (64 x 2 MARGIN stored rows gathered at a time)
+RESCORE_ELEMENTS = 1 << 23  # float32 elements of stored rows gathered per step of the recomputation (32 MiB)
 
 
 def fast_dtype(device: torch.device) -> torch.dtype | None:
@@ -197,11 +197,12 @@ class CosineIndex:
     def rescore(self, q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Float32 cosine of each query with its ``ids`` (``[m, w]``), from the stored rows."""
         out = torch.empty(*ids.shape, 1, device=q.device)
-        for s in range(0, len(q), RESCORE_CHUNK):
-            chunk = ids[s : s + RESCORE_CHUNK]
+        step = max(1, RESCORE_ELEMENTS // ids[0].numel() // self.keys.shape[1])  # queries per step
+        for s in range(0, len(q), step):
+            chunk = ids[s : s + step]
             gathered = F.embedding(chunk, self.keys)  # [chunk, width, hidden]: a fast row gather
             rows = self.scratch.take("rows", gathered.shape, torch.float32, q.device).copy_(gathered)
-            torch.bmm(rows, q[s : s + RESCORE_CHUNK, :, None], out=out[s : s + RESCORE_CHUNK])
+            torch.bmm(rows, q[s : s + step, :, None], out=out[s : s + step])
         return out[..., 0] / self.norms[ids]
 
     def exact(self, queries: torch.Tensor, k: int, exclude: torch.Tensor) -> torch.Tensor:
