@@ -40,9 +40,9 @@ def test_shortlist_finds_the_exact_neighbours_with_excluded_ids(small_blocks):
     exclude = torch.randint(0, 700, (200, 3), generator=g)
     exclude[:100, 0] = torch.arange(100)  # a one-hot row's own old id is its support
     index = CosineIndex(keys)
-    got = index.search(queries, 10, exclude=exclude)
-    assert sets(got) == sets(brute_force(queries, keys, 10, exclude))
-    assert sets(got) == sets(exact_nearest_rows(queries, keys, 10, exclude=exclude))
+    got = index.search(queries, 24, exclude=exclude)  # k > MARGIN: ranks above the recomputed ones kept as found
+    assert sets(got) == sets(brute_force(queries, keys, 24, exclude))
+    assert sets(got) == sets(exact_nearest_rows(queries, keys, 24, exclude=exclude))
     assert all(not set(row) & set(ex) for row, ex in zip(got.tolist(), exclude.tolist()))
     assert index.fallbacks < 20, index.fallbacks  # the shortlist settled (nearly) every row, not the fallback
 
@@ -62,16 +62,41 @@ def test_rows_too_close_for_bfloat16_are_settled_in_float32(small_blocks):
     assert index.fallbacks > 0  # this case needs the check: without it the shortlist's ties would decide
 
 
-def test_ties_go_to_the_exact_search(small_blocks):
-    """Keys repeated many times tie exactly: no margin separates the k-th from the rest, so every row is
-    searched again exactly and the answer is the exact search's, tie order included."""
-    g = torch.Generator().manual_seed(2)
-    keys = torch.randn(20, 8, generator=g).repeat(30, 1).to(torch.bfloat16)
-    queries = torch.randn(30, 8, generator=g)
-    exclude = torch.zeros(30, 1, dtype=torch.long)
+def test_a_near_tie_across_the_recomputed_ranks_is_settled_by_the_whole_shortlist(small_blocks, monkeypatch):
+    """20 clear nearest keys, then 30 whose cosines differ by ~1e-5 (bfloat16 cannot order them, float32 can),
+    then a gap: the k-th (24th) falls inside the near tie, past the recomputed ranks' reach, so the whole
+    shortlist is recomputed in float32 and orders them, with no exact search."""
+    g = torch.Generator().manual_seed(6)
+    base = F.normalize(torch.randn(16, generator=g), dim=0)
+    side = F.normalize(torch.randn(16, generator=g), dim=0)
+    best = base + 0.05 * torch.randn(20, 16, generator=g)
+    tie = base + 0.6 * side + 3e-4 * torch.randn(30, 16, generator=g)
+    rest = torch.randn(650, 16, generator=g) - 2 * base  # far below
+    keys = torch.cat([best, tie, rest])[torch.randperm(700, generator=g)]
+    queries = base + 0.01 * torch.randn(20, 16, generator=g)
+    exclude = torch.randint(0, 700, (20, 1), generator=g)
+    widths = []
+    rescore = CosineIndex.rescore
+    monkeypatch.setattr(CosineIndex, "rescore", lambda self, q, i: widths.append(i.shape[1]) or rescore(self, q, i))
     index = CosineIndex(keys)
+    got = index.search(queries, 24, exclude=exclude)
+    assert sets(got) == sets(exact_nearest_rows(queries, keys, 24, exclude=exclude))
+    assert 24 + 3 * nb.MARGIN in widths and index.fallbacks == 0
+
+
+def test_ties_go_to_the_exact_search(small_blocks):
+    """Keys repeated many times tie exactly. Inside a tie any copies are right: a shortlist ending in a different
+    row settles them; a shortlist that is one tie from end to end leaves nothing to tell, so every row is searched
+    again exactly and the answer is the exact search's, tie order included."""
+    g = torch.Generator().manual_seed(2)
+    queries, exclude = torch.randn(30, 8, generator=g), torch.zeros(30, 1, dtype=torch.long)
+    few = torch.randn(20, 8, generator=g).repeat(30, 1).to(torch.bfloat16)  # 30 copies: less than the shortlist
+    got = nearest_rows(queries, few, 7, exclude=exclude) % 20
+    assert torch.equal(got, exact_nearest_rows(queries, few, 7, exclude=exclude) % 20)  # the same rows' copies
+    many = torch.randn(5, 8, generator=g).repeat(120, 1).to(torch.bfloat16)  # 120 copies: the whole shortlist
+    index = CosineIndex(many)
     got = index.search(queries, 7, exclude=exclude)
-    assert torch.equal(got, exact_nearest_rows(queries, keys, 7, exclude=exclude))
+    assert torch.equal(got, exact_nearest_rows(queries, many, 7, exclude=exclude))
     assert index.fallbacks == 30
 
 

@@ -5,18 +5,20 @@ matrix on 2 CPU cores, plus a top-k over 1.6e10 similarities that costs as much 
 the same search in three steps:
 
 1. **Shortlist** in bfloat16 (AMX / avx512_bf16 on a CPU, tensor cores on a GPU: about 5x float32's matmul
-   rate): unit-norm copies of the keys and queries, one ``QUERY_BLOCK x KEY_BLOCK`` product at a time, keep each
-   query's ``k + MARGIN`` best keys. No top-k over a whole block: a block's similarities are reduced to the max of
-   each group of ``GROUP`` keys (one pass), only the groups above the query's running threshold (its
-   ``k + MARGIN``-th best so far) are looked into, and their few hits merge into the running shortlist.
+   rate): unit-norm copies of the keys and queries, one ``QUERY_BLOCK x SHORTLIST_BLOCK`` product at a time,
+   keep each query's ``k + 3 MARGIN`` best keys. No top-k over a whole block: a block's similarities are reduced
+   to the max of each group of ``GROUP`` keys (one pass), only the groups above the query's running threshold
+   (its ``k + 3 MARGIN``-th best so far) are looked into, and their few hits merge into the running shortlist.
 2. **Settle the boundary** in float32: the shortlist's ranks ``k - MARGIN .. k + MARGIN`` (where the k-th
    neighbour falls) are recomputed from the stored rows as the exact search computes them, and the k nearest are
    the shortlist's first ``k - MARGIN`` plus the best of the recomputed ones.
 3. **Check** per query that rounding cannot have changed the answer: with ``eps`` twice the largest bfloat16
    error seen on the recomputed ranks (at least the output's rounding), the first ``k - MARGIN`` must beat every
-   other key by more than ``eps``, and the chosen boundary rows must beat every key left off the shortlist (none
-   scores above the shortlist's last, in bfloat16) by more than ``eps``. A query that fails, or that has fewer
-   than ``k + MARGIN`` keys left after its exclusions, is searched again exactly (:func:`exact_nearest_rows`).
+   other key by more than ``eps``, and the chosen boundary rows must beat every key not recomputed (none scores
+   above rank ``k + MARGIN``, in bfloat16) by more than ``eps``. A query that fails has its whole shortlist
+   recomputed (then only the last condition applies, against the shortlist's last rank); one that fails again,
+   or that has fewer than ``k + 3 MARGIN`` keys left after its exclusions, is searched again exactly
+   (:func:`exact_nearest_rows`).
 
 So the neighbour *set* is the exact search's (ties aside: keys closer than float32's rounding may swap), in
 descending order of similarity as computed (bfloat16 above the boundary, float32 on it), not always float32's order.
@@ -35,7 +37,7 @@ QUERY_BLOCK = 2048  # queries per block
 KEY_BLOCK = 8192  # keys per block of the exact search (cast to float32 one block at a time) and of normalization
 SHORTLIST_BLOCK = 32768  # keys per block of the shortlist: QUERY_BLOCK x SHORTLIST_BLOCK bfloat16 similarities
 GROUP = 32  # keys per group max in the shortlist's one pass over a block
-MARGIN = 16  # shortlist ranks past k, and ranks before k recomputed in float32
+MARGIN = 16  # ranks before and after the k-th recomputed in float32 (the shortlist holds 2 MARGIN more)
 SAFETY = 2.0  # eps = SAFETY x the largest bfloat16 error seen on the recomputed ranks
 RESCORE_ELEMENTS = 1 << 23  # float32 elements of stored rows gathered per step of the recomputation (32 MiB)
 
@@ -101,7 +103,7 @@ class CosineIndex:
         tensor of ids in ``range(count)``), so that no more than ``QUERY_BLOCK`` float32 queries exist at once."""
         n_keys = self.keys.shape[0]
         k = min(k, n_keys)
-        short = k + MARGIN
+        short = k + 3 * MARGIN  # the shortlist: MARGIN past the recomputed ranks, 2 MARGIN more for a retry
         out = torch.empty(count, k, dtype=torch.long)
         exact = self.units is None or short >= n_keys  # nothing to prune: the exact search is the whole work
         redo = []
@@ -175,23 +177,34 @@ class CosineIndex:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The k nearest from a shortlist, and per query whether rounding is ruled out (module docstring, 2-3)."""
         first = max(k - MARGIN, 0)  # ranks before `first` are taken as they are; the ranks from `first` recomputed
-        exact = self.rescore(q, ids[:, first:])
-        approx = values[:, first:]
+        stop = k + MARGIN  # ... up to `stop`: no key ranked from `stop` on, or off the shortlist, scores above this
+        exact = self.rescore(q, ids[:, first:stop])
         take = k - first
         exact_sorted, order = exact.sort(dim=1, descending=True)
-        chosen = ids[:, first:].gather(1, order[:, :take])
-        found = torch.cat([ids[:, :first], chosen], dim=1)
-        # the output's own rounding (half a unit in the last place) at the largest value checked against eps is
-        # the least eps can be
-        seen = (exact - approx).abs().amax(dim=1)
-        floor = values[:, max(first - 1, 0)].abs() * (torch.finfo(self.dtype).eps / 2)
-        eps = SAFETY * torch.maximum(seen, floor)
-        last = values[:, -1]  # no key off the shortlist scores above this in the compute dtype
+        found = torch.cat([ids[:, :first], ids[:, first:stop].gather(1, order[:, :take])], dim=1)
+        # eps: twice the largest error seen, and at least the output's own rounding (half a unit in the last
+        # place) at the largest value it is applied to
+        half_ulp = torch.finfo(self.dtype).eps / 2
+        seen = (exact - values[:, first:stop]).abs().amax(dim=1)
+        eps = SAFETY * torch.maximum(seen, values[:, max(first - 1, 0)].abs() * half_ulp)
+        bound = values[:, stop]  # the most a key not recomputed can score in the compute dtype
         beaten = exact_sorted[:, take]  # the best recomputed rank left out (there are MARGIN of them)
-        settled = (exact_sorted[:, take - 1] > last + eps) & (last > self.banned)
+        last = values[:, -1]
+        settled = (exact_sorted[:, take - 1] > bound + eps) & (last > self.banned)
         if first:
             above = values[:, first - 1] - eps  # the least the first ranks can be worth in float32
-            settled &= (above > beaten) & (above > last + eps)
+            settled &= (above > beaten) & (above > bound + eps)
+        # not settled: the whole shortlist recomputed, which then only has to beat the keys off it (2 MARGIN more
+        # ranks of room below the k-th)
+        retry = (~settled & (last > self.banned)).nonzero().squeeze(1)
+        if len(retry):
+            exact = self.rescore(q[retry], ids[retry])
+            exact_sorted, order = exact.sort(dim=1, descending=True)
+            seen = (exact - values[retry]).abs().amax(dim=1)
+            eps = SAFETY * torch.maximum(seen, values[retry, 0].abs() * half_ulp)
+            ok = exact_sorted[:, k - 1] > last[retry] + eps
+            found[retry[ok]] = ids[retry[ok]].gather(1, order[ok, :k])
+            settled[retry[ok]] = True
         return found, settled
 
     def rescore(self, q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
