@@ -260,6 +260,9 @@ def write_markdown(report: dict, path: Path) -> None:
     ]
     if report.get("faiss", {}).get("agreement"):
         text.insert(-2, f"faiss-cpu on the sample: {report['faiss']['agreement']}.\n")
+    if max(report["load_before"][0], report["load_after"][0]) > len(os.sched_getaffinity(0)):
+        text.insert(2, "**The cores were shared** (load average above the core count): other jobs' work inflates "
+                    "every time here, the many small steps of the new search most (each waits for both threads).\n")
     path.write_text("\n".join(text), encoding="utf-8")
 
 
