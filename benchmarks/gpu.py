@@ -17,7 +17,8 @@ Arms, in the order they run (the most wanted first, so a ``--budget-seconds`` st
    what the unsynced log would have said beside it.
 4. optional (``--distill``): distillation init (``distill_merge: all``) of SmolLM2 expanded by k tokens, through
    the library as ``benchmarks/distill.py`` runs it, with its parts' seconds and held-out bits/byte.
-5. optional (``--vocadt``): VocADT's exact nearest-row search (``vocgraft.train.vocadt.nearest_rows``, K=64) of
+5. optional (``--vocadt``): VocADT's nearest-row search (``vocgraft.train.vocadt.nearest_rows``: a bfloat16
+   shortlist settled in float32, the exact search's neighbours; K=64) of
    128,256 start rows among 128,256 old rows of width 4096 (Llama-3 8B's matrices; random values, one matrix:
    a Llama-3 replacement searches two).
 
@@ -448,7 +449,7 @@ def arm_distill(bench: Bench, k: int) -> dict:
 
 
 def arm_vocadt(bench: Bench) -> dict:
-    """VocADT's exact nearest-row search at Llama-3 8B's size (random rows: the time does not depend on them)."""
+    """VocADT's nearest-row search at Llama-3 8B's size (random rows: the time hardly depends on them)."""
     from vocgraft.train.vocadt import nearest_rows
 
     a, device = bench.args, bench.device
@@ -463,8 +464,8 @@ def arm_vocadt(bench: Bench) -> dict:
     sync(device)
     seconds = time.perf_counter() - start
     flops = 2 * rows * rows * width
-    # its blocks are 8B-head-shaped products (start rows x width @ width x old rows), in float32
-    peak = bench.roofline_gflops(bench.matmul_dtype("float32", "no"), "llama3-8b-head", "forward")
+    # its shortlist's blocks are 8B-head-shaped products (start rows x width @ width x old rows), in bfloat16
+    peak = bench.roofline_gflops("bfloat16", "llama3-8b-head", "forward")
     return {"queries": rows, "keys": rows, "width": width, "k": k, "seconds": seconds, "shape": list(found.shape),
             "achieved_tflops": flops / seconds / 1e12, "roofline_gflops": peak,
             "roofline_fraction": flops / seconds / (peak * 1e9) if peak else None,

@@ -14,7 +14,7 @@ from tiny import lines, tiny_bytelevel_tokenizer, tokenizer_with_extra_merges
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vocgraft.init as init_module
-import vocgraft.train.vocadt as vocadt_module
+import vocgraft.train.neighbours as neighbours_module
 from vocgraft.init import get_method
 from vocgraft.init.random import normal_rows
 from vocgraft.plan import VocabPlan
@@ -131,13 +131,15 @@ def test_vocadt_start_on_a_bfloat16_matrix_searches_in_blocks(case, monkeypatch)
     weights = base.padded_llama(len(source), tied=True).get_input_embeddings().weight.detach()
     matrix = weights.to(torch.bfloat16)
     reference = adapter_start(matrix.float(), plan, source, target, candidates=8, seed=0)
-    monkeypatch.setattr(vocadt_module, "SIMILARITY_BLOCK", 3)
-    monkeypatch.setattr(vocadt_module, "KEY_BLOCK", 50)
+    monkeypatch.setattr(neighbours_module, "QUERY_BLOCK", 3)
+    monkeypatch.setattr(neighbours_module, "KEY_BLOCK", 50)
+    monkeypatch.setattr(neighbours_module, "SHORTLIST_BLOCK", 50)
     probe = LargestFloatTensor(matrix.shape[1])
     with probe:
         start = adapter_start(matrix, plan, source, target, candidates=8, seed=0, device="cpu")
     assert torch.equal(start.index, reference.index) and torch.equal(start.weight, reference.weight)
     assert start.index.device.type == "cpu"
+    assert probe.rows <= 50 < len(source), probe.rows  # float32 blocks of 50 keys, never the whole matrix
     assert probe.rows <= 50, f"a float copy of {probe.rows} rows of a {len(source)}-row matrix"
 
 

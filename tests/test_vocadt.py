@@ -30,7 +30,9 @@ from vocgraft.train.vocadt import (
     merged_weights,
     nearest_rows,
     shared_vocabulary,
+    weighted_rows,
 )
+from vocgraft.train.neighbours import exact_nearest_rows
 
 
 def english_sp_without_byte_fallback() -> PreTrainedTokenizerFast:
@@ -113,6 +115,25 @@ def test_sparse_start_is_the_dense_start_on_spelled_rows_and_keeps_k_candidates(
         assert len(set(sparse.index[row].tolist()) - support) == 8
     again = adapter_start(old, plan, source, target, candidates=8, seed=0)
     assert torch.equal(again.index, sparse.index) and torch.equal(again.weight, sparse.weight)
+
+
+def test_start_candidates_are_the_exact_searchs_neighbours_of_each_start_row(three_cases):
+    """The candidates of every spelled row (one-hot and pieces) are the K old rows an exact float32 search finds
+    nearest its start row, its support excluded; rows with the same start get the same candidates."""
+    source, target, plan, model = three_cases
+    old = model.get_input_embeddings().weight.detach()[: len(plan.source_tokens)]
+    start = adapter_start(old, plan, source, target, candidates=8, seed=0)
+    _, _, kinds = initial_supports(plan, source, target)
+    spelled = torch.tensor([i for i, kind in enumerate(kinds) if kind != "uniform"])
+    width = start.index.shape[1] - 8
+    support, support_w = start.index[spelled, :width], start.weight[spelled, :width]
+    expected = exact_nearest_rows(weighted_rows(old, support, support_w), old, 8, exclude=support)
+    got = start.index[spelled, width:]
+    assert [set(row) for row in got.tolist()] == [set(row) for row in expected.tolist()]
+    starts = {}
+    for row, ids, w in zip(got.tolist(), support.tolist(), support_w.tolist()):
+        assert starts.setdefault((tuple(ids), tuple(w)), set(row)) == set(row)
+    assert len(starts) < len(spelled)  # this plan has repeated starts (searched once)
 
 
 def test_nearest_rows_match_a_brute_force_search_and_skip_excluded_ids():

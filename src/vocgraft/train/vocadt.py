@@ -50,13 +50,12 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from vocgraft.train.data import TrainingError
+from vocgraft.train.neighbours import CosineIndex, nearest_rows  # noqa: F401 (nearest_rows: re-exported)
 
 ADAPTER_FORMS = ("separate", "shared")  # the paper's form first
 # copied tokens that are the same token in both vocabularies (see the module docstring): the aux loss's rows
 SHARED_KINDS = ("identity", "exact", "special")
 ADAPTER_PARAM = "adapter_weights"  # the only parameters VocADT trains (strategies.configure looks for this name)
-SIMILARITY_BLOCK = 2048  # rows of Vnew per cosine block when searching neighbours: 2048 x |Vold| floats at a time
-KEY_BLOCK = 8192  # old rows per block of the neighbour search: cast to float32 one block at a time
 
 
 @dataclass
@@ -123,9 +122,11 @@ def adapter_start(
     """A0 for ``old_matrix`` (input embeddings or LM head, ``[Vold(+padding), hidden]``), on the CPU.
 
     ``candidates=None`` gives the dense form; otherwise each row's K nearest old rows join its support. The
-    neighbour search runs on ``device`` (default: the matrix's own; a GPU does Llama-3's 128K x 128K x 4096 in
-    seconds), over blocks of new rows x blocks of old rows cast to float32: the matrix itself stays in its dtype
-    (one copy on ``device`` when it lives elsewhere), never a float32 copy of it.
+    neighbour search (``vocgraft.train.neighbours``: a bfloat16 shortlist settled in float32, the exact search's
+    neighbours) runs on ``device`` (default: the matrix's own; a GPU does Llama-3's 128K x 128K x 4096 in
+    seconds), over blocks of new rows x blocks of old rows: the matrix itself stays in its dtype (one copy on
+    ``device`` when it lives elsewhere), plus a unit-norm bfloat16 copy, never a float32 copy of it. Rows with the
+    same start (support and weights) are searched once.
     """
     old = old_matrix[: len(plan.source_tokens)].detach()  # a view in the stored dtype
     ids, weights, kinds = initial_supports(plan, source_tokenizer, target_tokenizer)
@@ -162,12 +163,19 @@ def adapter_start(
     spelled_rows = torch.tensor([kind != "uniform" for kind in kinds]).nonzero().squeeze(1)
     if len(spelled_rows):
         keys = old.to(torch.device(device) if device is not None else old.device)
-        found = []
-        for start in range(0, len(spelled_rows), SIMILARITY_BLOCK):  # the start rows of one block at a time
-            rows = spelled_rows[start : start + SIMILARITY_BLOCK]
-            queries = weighted_rows(keys, support[rows], support_w[rows])
-            found.append(nearest_rows(queries, keys, k, exclude=support[rows]))
-        neighbours[spelled_rows] = torch.cat(found)
+        # rows with the same start (support and weights) have the same query and exclusions: searched once
+        starts = torch.cat([support[spelled_rows].double(), support_w[spelled_rows].double()], dim=1)
+        distinct, copy_of = torch.unique(starts, dim=0, return_inverse=True)
+        first = torch.full((len(distinct),), len(spelled_rows), dtype=torch.long).scatter_reduce_(
+            0, copy_of, torch.arange(len(spelled_rows)), "amin"
+        )
+        rows = spelled_rows[first]  # one new id per distinct start
+
+        def queries(at: torch.Tensor) -> torch.Tensor:  # the start rows, made one block at a time
+            return weighted_rows(keys, support[rows[at]], support_w[rows[at]])
+
+        found = CosineIndex(keys).search_rows(queries, len(rows), k, exclude=support[rows])
+        neighbours[spelled_rows] = found[copy_of]
     index = torch.cat([support, neighbours], dim=1)
     weight = torch.cat([support_w, neighbour_w], dim=1)
     return AdapterStart(index, weight, overlap, counts)
@@ -180,45 +188,6 @@ def weighted_rows(matrix: torch.Tensor, index: torch.Tensor, weight: torch.Tenso
     out = torch.zeros(index.shape[0], matrix.shape[1], dtype=torch.float32, device=matrix.device)
     for j in range(index.shape[1]):
         out += weight[:, j, None] * matrix[index[:, j]].to(torch.float32)
-    return out
-
-
-def nearest_rows(
-    queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude: torch.Tensor, key_block: int | None = None
-) -> torch.Tensor:
-    """Ids of the ``k`` rows of ``keys`` most cosine-similar to each query, skipping the ids in ``exclude``; on
-    the CPU.
-
-    Runs on ``keys``' device, blocked over queries (``SIMILARITY_BLOCK``) and keys (``key_block``, default
-    ``KEY_BLOCK``): only a
-    block of keys is cast to float32 and normalized at a time, and only ``SIMILARITY_BLOCK x key_block``
-    similarities exist at once; each block's top k merge into a running top k. When fewer than k keys remain
-    after exclusion the tail repeats excluded ids (they get weight 0, so nothing changes)."""
-    device, key_block = keys.device, key_block or KEY_BLOCK
-    k = min(k, keys.shape[0])
-    norms = torch.cat(
-        [keys[s : s + key_block].to(torch.float32).norm(dim=1) for s in range(0, keys.shape[0], key_block)]
-    ).clamp_min(1e-12)  # F.normalize's eps
-    out = torch.empty(len(queries), k, dtype=torch.long)
-    for start in range(0, len(queries), SIMILARITY_BLOCK):
-        stop = start + SIMILARITY_BLOCK
-        q = F.normalize(queries[start:stop].to(device, torch.float32), dim=1)
-        banned = exclude[start:stop].to(device)
-        row_of = torch.arange(len(q), device=device)[:, None].expand_as(banned)
-        best_v = best_i = None
-        for lo in range(0, keys.shape[0], key_block):
-            hi = min(lo + key_block, keys.shape[0])
-            sims = q @ (keys[lo:hi].to(torch.float32) / norms[lo:hi, None]).T
-            inside = (banned >= lo) & (banned < hi)
-            sims[row_of[inside], banned[inside] - lo] = float("-inf")
-            values, ids = sims.topk(min(k, hi - lo), dim=1)
-            ids += lo
-            if best_v is not None:
-                merged = torch.cat([best_v, values], dim=1)
-                values, order = merged.topk(min(k, merged.shape[1]), dim=1)
-                ids = torch.cat([best_i, ids], dim=1).gather(1, order)
-            best_v, best_i = values, ids
-        out[start:stop] = best_i.cpu()
     return out
 
 
