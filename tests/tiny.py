@@ -165,3 +165,56 @@ def tiny_source_dir(root, *, tied: bool = True, **corpora: Sequence[str]):
     for name, text in corpora.items():
         (root / f"{name}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
     return root
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
+
+
+def gemma_layout_tokenizer() -> PreTrainedTokenizerFast:
+    """A minimal tokenizer in Gemma's SentencePiece layout, for ``train_tokenizer(..., like=)``: no dummy prefix
+    (a normalizer writes spaces as ``▁``, a split after each), ``<pad> <eos> <bos> <unk>`` as ids 0-3, BOS added."""
+    from tokenizers import normalizers, processors
+
+    vocab = {t: i for i, t in enumerate([*GEMMA_SPECIALS, "a", "\u2581"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    backend.post_processor = processors.TemplateProcessing(single="<bos>:0 $A:0", special_tokens=[("<bos>", 2)])
+    roles = dict(zip(("pad_token", "eos_token", "bos_token", "unk_token"), GEMMA_SPECIALS))
+    return _wrap(backend, **roles)
+
+
+def tiny_gemma_tokenizer(vocab_size: int = 700) -> PreTrainedTokenizerFast:
+    """A SentencePiece BPE (byte fallback, every split of a token a merge) trained on English + Greek, in Gemma 3's
+    layout and with its special tokens (:func:`gemma_layout_tokenizer`)."""
+    from vocgraft.tokenization.train import train_tokenizer
+
+    return train_tokenizer(lines("en", 150) + lines("el", 150), "sp-bpe", vocab_size, like=gemma_layout_tokenizer())
+
+
+def tiny_gemma3(
+    vocab_rows: int, *, tied: bool = True, hidden: int = 48, layers: int = 7, window: int = 6, seed: int = 0, **config
+):
+    """A random Gemma3ForCausalLM (text) with what sets Gemma apart from Llama: RMSNorm weights used as 1 + w (drawn
+    around 0 here, so a missing offset shows), embeddings scaled by sqrt(hidden) in forward, head_dim (16) other
+    than hidden / heads, q/k norms, sandwich norms, a sliding window of ``window`` tokens on five of every six
+    layers (7 layers: both kinds and the pattern's restart), a tied head unless asked. Rows N(0, 1)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    settings = dict(
+        vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=window,
+        max_position_embeddings=256, tie_word_embeddings=tied, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    ) | config  # fmt: skip
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**settings)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.3)
+        model.get_input_embeddings().weight.normal_(0.0, 1.0 / hidden**0.5)  # x sqrt(hidden) in forward: N(0, 1)
+        if not tied:
+            model.get_output_embeddings().weight.normal_(0.0, 1.0 / hidden**0.5)  # another draw, same logit scale
+    return model

@@ -610,7 +610,11 @@ def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, hub id, .gguf file, or 'smollm2' (default)")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="HF directory, hub id, .gguf file, or a packaged model: 'smollm2' (default) or 'gemma3-270m'",
+    )
     add_device_args(p)
 
 

