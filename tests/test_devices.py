@@ -57,7 +57,8 @@ def test_training_precision():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert devices.training_precision(torch.bfloat16, cpu) == "bf16"
     assert devices.training_precision(torch.float16, cpu) == "no"  # accelerate has no CPU fp16 autocast
-    assert devices.training_precision(torch.float32, cpu) == "no"
+    assert devices.training_precision(torch.float32, cpu) == "bf16"  # the suite's CPU has bf16 instructions
+    assert devices.training_precision(torch.float32, cpu, "no") == "no"
     assert devices.training_precision(torch.float16, gpu) == "fp16"
     with pytest.raises(DeviceError, match="fp16 needs a GPU"):
         devices.training_precision(torch.float32, cpu, "fp16")
@@ -274,3 +275,24 @@ def test_an_explicit_bf16_autocast_on_a_slow_bf16_cpu_runs_with_a_warning(capsys
         assert len(err) == 1 and "--mixed-precision bf16 computes about 60x slower than float32 on this CPU" in err[0]
     assert devices.training_precision(torch.float32, cpu, "bf16") == "bf16"
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "mixed"),
+    [(None, "bf16"), (0.5, "bf16"), (1.2, "no"), (SLOW, "no")],  # flags, probe faster, probe 'fast' but slower
+)
+def test_auto_autocasts_float32_weights_only_where_the_cpu_runs_bfloat16_natively(slowdown, mixed, monkeypatch):
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    with devices.pretend_cpu(slowdown, "pretended"):
+        choice = devices.choose_precision(torch.float32, cpu)
+        assert choice.mixed == mixed and choice.why.startswith(f"{mixed}: ") and "pretended" in choice.why
+        assert devices.choose_precision(torch.float32, cpu, "no").mixed == "no"  # asked: float32 throughout
+        # what auto chose before it autocast on a CPU (runs resumed from checkpoints that do not say)
+        assert devices.choose_precision(torch.float32, cpu, cpu_autocast=False).mixed == "no"
+        assert devices.choose_precision(torch.bfloat16, cpu, cpu_autocast=False).mixed == "bf16"
+        # a GPU decides by its own bfloat16 support, whatever the CPU
+        monkeypatch.setattr(devices, "bf16_supported", lambda device: True)
+        assert devices.choose_precision(torch.float32, gpu).mixed == "bf16"
+        assert devices.choose_precision(torch.float32, gpu, cpu_autocast=False).mixed == "bf16"
+        monkeypatch.setattr(devices, "bf16_supported", lambda device: False)
+        assert devices.choose_precision(torch.float32, gpu).mixed == "no"

@@ -293,7 +293,9 @@ def test_two_processes_with_accelerate_launch_match_one_process(tied_model, corp
     """Two CPU processes (gloo) with batch 2 each train the same weights as one process with batch 4."""
     common = ["--max-steps", "3", "--lr", "1e-3"]
     single = tmp_path / "single"
-    one = run_cli(train_args(tied_model, corpus, single, *common, "--batch-size", "4"))  # the last --batch-size wins
+    # the last --batch-size wins; float32 on both sides (the launch says --mixed_precision no; auto would autocast
+    # on a CPU with bfloat16 instructions)
+    one = run_cli(train_args(tied_model, corpus, single, *common, "--batch-size", "4", "--mixed-precision", "no"))
     assert one.returncode == 0, one.stderr
     double = tmp_path / "double"
     launch = [

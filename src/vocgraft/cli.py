@@ -732,8 +732,9 @@ def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: f
     )
     p.add_argument(
         "--mixed-precision", default="auto", choices=("auto", "no", "bf16", "fp16"),
-        help="compute precision (accelerate): auto = bf16 where the device supports it (a GPU with bf16, or any "
-        "device with bfloat16 weights), fp16 for float16 weights on a GPU, else no",
+        help="compute precision (accelerate autocast; master weights and optimizer state stay float32): auto = bf16 "
+        "where the device computes bfloat16 natively (a GPU with bf16, a CPU with avx512_bf16/AMX) or the weights are "
+        "bfloat16, fp16 for float16 weights on a GPU, else no; --resume keeps the run's",
     )  # fmt: skip
     p.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (less memory)"

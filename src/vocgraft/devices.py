@@ -439,23 +439,59 @@ def load_estimate(folder: str | Path, dtype: torch.dtype) -> int:
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
 
-def training_precision(weights: torch.dtype, device: torch.device, requested: str = "auto") -> str:
-    """accelerate's ``mixed_precision`` for training weights of dtype ``weights`` on ``device``.
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``--mixed-precision`` resolved to: accelerate's ``mixed_precision`` and one line saying why (logs)."""
 
-    auto: bf16 for bfloat16 weights, and on a GPU with bfloat16 for float32 ones (bf16 where supported); fp16 for
-    float16 weights on a GPU (with a gradient scaler); otherwise no autocast. A CPU gets no fp16 autocast from
-    accelerate: float16 weights train there in float32 (:func:`frozen_dtype`). On a CPU that emulates bfloat16,
-    auto's weights are float32 (:func:`choose_dtype`), so no autocast; an explicit bf16 runs, with a warning."""
+    mixed: str  # no | bf16 | fp16
+    why: str
+
+
+def cpu_runs_bf16_natively() -> bool:
+    """Whether this CPU's bfloat16 matmuls beat float32's: its flags name bfloat16 instructions (avx512_bf16, AMX:
+    several times float32's rate), or the probe measured bfloat16 faster. An emulated bfloat16 that is merely
+    :attr:`CpuSpeed.fast` (within 1.5x of float32) would make autocast a slowdown: casts and no gain."""
+    speed = cpu_speed(torch.bfloat16)
+    return speed.slowdown is None or speed.slowdown < 1.0
+
+
+def choose_precision(
+    weights: torch.dtype, device: torch.device, requested: str = "auto", cpu_autocast: bool = True
+) -> PrecisionChoice:
+    """accelerate's ``mixed_precision`` for training weights of dtype ``weights`` on ``device``, and why.
+
+    auto: bf16 for bfloat16 weights; for float32 ones bf16 where the device computes bfloat16 natively (a GPU with
+    bfloat16, a CPU with bfloat16 instructions: :func:`cpu_runs_bf16_natively`), else no autocast; fp16 for
+    float16 weights on a GPU (with a gradient scaler). Under autocast the master weights and the optimizer's state
+    stay float32 (accelerate casts each matmul's operands). A CPU gets no fp16 autocast from accelerate: float16
+    weights train there in float32 (:func:`frozen_dtype`). On a CPU that emulates bfloat16, auto's weights are
+    float32 (:func:`choose_dtype`) and get no autocast; an explicit bf16 runs, with a warning.
+
+    ``cpu_autocast=False``: auto as vocgraft chose before it autocast float32 weights on a CPU (no autocast there),
+    for runs resumed from checkpoints that do not record their choice."""
     if requested not in MIXED_PRECISION:
         raise DeviceError(f"--mixed-precision {requested!r} is not one of {', '.join(MIXED_PRECISION)}.")
     gpu, asked = device.type == "cuda", requested
+    why = f"{requested} as asked"
     if requested == "auto":
         if weights == torch.bfloat16:
             requested = "bf16" if bf16_supported(device) else "fp16"
+            why = f"{requested}: the weights are bfloat16"
         elif weights == torch.float16:
             requested = "fp16" if gpu else "no"
+            why = "fp16: the weights are float16" if gpu else "no: no fp16 autocast on a CPU (float16 trains in fp32)"
+        elif gpu:
+            requested = "bf16" if bf16_supported(device) else "no"
+            why = f"{requested}: {device} {'computes' if requested == 'bf16' else 'has no'} bfloat16 natively"
+        elif not cpu_autocast:
+            requested, why = "no", "no: float32 on a CPU, as the run's checkpoints were trained"
+        elif cpu_runs_bf16_natively():
+            requested = "bf16"
+            why = f"bf16: this CPU computes bfloat16 natively ({cpu_speed(torch.bfloat16).basis})"
         else:
-            requested = "bf16" if gpu and bf16_supported(device) else "no"
+            speed = cpu_speed(torch.bfloat16)
+            why = f"no: this CPU's bfloat16 matmuls take {speed.slowdown:.1f}x float32's time ({speed.basis})"
+            requested = "no"
     if requested == "bf16" and not bf16_supported(device):
         raise DeviceError(f"--mixed-precision bf16: {device} has no bfloat16 support; use fp16 or no.")
     if asked == "bf16" and device.type == "cpu" and not (speed := cpu_speed(torch.bfloat16)).fast:
@@ -468,7 +504,13 @@ def training_precision(weights: torch.dtype, device: torch.device, requested: st
         raise DeviceError(
             "--mixed-precision fp16 needs a GPU (accelerate has no fp16 autocast on a CPU); use bf16 or no."
         )
-    return requested
+    return PrecisionChoice(requested, why)
+
+
+def training_precision(weights: torch.dtype, device: torch.device, requested: str = "auto") -> str:
+    """accelerate's ``mixed_precision`` for training weights of dtype ``weights`` on ``device``
+    (:func:`choose_precision`)."""
+    return choose_precision(weights, device, requested).mixed
 
 
 def frozen_dtype(weights: torch.dtype, mixed_precision: str, sharded: bool) -> torch.dtype:

@@ -26,7 +26,7 @@ import resource
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,10 @@ RESUME_KEYS = (
 )  # fmt: skip
 # keys checkpoints made before they existed lack: what those runs used (lines were joined by EOS)
 RESUME_DEFAULTS = {"dtype": "auto", "mixed_precision": "auto", "join": "eos", "new_rows_lr_scale": 1.0}
+# what a checkpoint's trainer_state.json says of the autocast it trained under (accelerate's mixed_precision):
+# ``auto`` resolves by the device, and a resumed run must keep what it began with
+PRECISION_KEY = "mixed_precision_used"
+UNRECORDED = "unrecorded"  # checkpoints of a vocgraft that did not record it
 
 
 @dataclass
@@ -452,7 +456,11 @@ def _save_checkpoint(
             if accelerator.is_main_process:
                 # the phase's own scheduler (not registered with accelerate: two-stage has one per phase)
                 torch.save(scheduler.state_dict(), partial / SCHEDULER_FILE)
-                payload = {"config": resume_settings(config), "state": asdict(state)}
+                payload = {
+                    "config": resume_settings(config),
+                    "state": asdict(state),
+                    PRECISION_KEY: accelerator.mixed_precision,
+                }
                 (partial / STATE_FILE).write_text(json.dumps(payload) + "\n", encoding="utf-8")
                 ckpt.seal(partial, state.step, accelerator.num_processes)
                 ckpt.publish(partial, final)
@@ -494,7 +502,7 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
     if finished is None:
         check_writable(config.out, config.overwrite)  # fail before any work
     wall_start = time.perf_counter()
-    accelerator, precision = _accelerator(config, prepared)
+    accelerator, precision, autocast = _accelerator(config, prepared)
     if finished is not None:
         return _already_finished(accelerator, config, finished)
     weights_dtype = precision.compute  # what trains and computes; saved in precision.storage
@@ -669,7 +677,11 @@ def _train(config: TrainConfig, prepared: PreparedModel | None = None) -> dict:
         "peak_rss_mib": peak_rss_mib(),
         "dtype": dtype_name(weights_dtype),
         "mixed_precision": accelerator.mixed_precision,
-        "precision": {**precision.to_dict(), "mixed_precision": accelerator.mixed_precision},
+        "precision": {
+            **precision.to_dict(),
+            "mixed_precision": accelerator.mixed_precision,
+            "mixed_precision_why": autocast.why,  # devices.choose_precision, or kept from the run's checkpoints
+        },
         "device": str(accelerator.device),
         "gradient_checkpointing": config.gradient_checkpointing,
         "torch_threads": torch.get_num_threads(),
@@ -713,13 +725,15 @@ def _load_checkpoint(accelerator, checkpoint: Path, scheduler, verified: bool, r
 
 
 def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
-    """(Accelerator, the weights' :class:`~vocgraft.devices.DtypeChoice`): the device (``config.device``), the
-    weights' dtype (``config.dtype``: auto stores as the checkpoint does and computes in what the device runs well,
+    """(Accelerator, the weights' :class:`~vocgraft.devices.DtypeChoice`, the autocast's
+    :class:`~vocgraft.devices.PrecisionChoice`): the device (``config.device``), the weights' dtype
+    (``config.dtype``: auto stores as the checkpoint does and computes in what the device runs well,
     :func:`vocgraft.devices.choose_dtype`) and the mixed precision that suits them
-    (:func:`vocgraft.devices.training_precision`), all checked before anything is loaded."""
+    (:func:`vocgraft.devices.choose_precision`; a resumed run keeps its checkpoints'), all checked before anything
+    is loaded."""
     from accelerate import Accelerator
 
-    from vocgraft.devices import choose_dtype, resolve_device, stored_dtype, training_precision
+    from vocgraft.devices import choose_dtype, resolve_device, stored_dtype
     from vocgraft.models import dtype_choice_of, resolve
 
     launched = "LOCAL_RANK" in os.environ  # accelerate launch / torchrun: the launcher assigns each process its GPU
@@ -734,9 +748,12 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
     else:
         where = resolve(config.model)
         choice = choose_dtype(config.dtype, stored_dtype(where) if Path(where).is_dir() else None, device)
-    mixed = training_precision(choice.compute, device, config.mixed_precision)
-    if config.mixed_precision == "auto" and os.environ.get("ACCELERATE_MIXED_PRECISION"):
+    recorded = _recorded_precision(config.checkpoint_root()) if config.resume else None
+    autocast = _autocast(config.mixed_precision, choice.compute, device, recorded, config.checkpoint_root())
+    mixed = autocast.mixed
+    if config.mixed_precision == "auto" and recorded is None and os.environ.get("ACCELERATE_MIXED_PRECISION"):
         mixed = None  # the launcher's setting (accelerate launch --mixed_precision / its config) wins over auto
+        autocast = replace(autocast, why="the launcher's (accelerate launch --mixed_precision or its config)")
     if not launched:
         # accelerate keeps one device and precision per process; a second run in the same process (a sweep, a
         # pipeline, tests) may need others. A launched process trains once and keeps its process group.
@@ -745,7 +762,44 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
         AcceleratorState._reset_state(reset_partial_state=True)
     # on a machine without GPUs, processes of a multi-process launch talk over gloo: accelerate only picks that
     # when told the run is a CPU run
-    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), choice
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed), choice, autocast
+
+
+def _recorded_precision(root: Path) -> str | None:
+    """The mixed precision the run's checkpoints in ``root`` trained under: :data:`PRECISION_KEY` of the newest
+    readable ``trainer_state.json`` (every checkpoint of a run has the same), :data:`UNRECORDED` for checkpoints
+    of a vocgraft that did not record it, None where there is none to read (the run starts afresh)."""
+    for path in sorted(root.glob("step-*"), reverse=True):  # step-0000012: the names sort as the steps do
+        try:
+            saved = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # a damaged one: choosing the checkpoint to resume from reports it
+        if isinstance(saved, dict) and isinstance(saved.get("config"), dict):
+            recorded = saved.get(PRECISION_KEY, UNRECORDED)
+            return recorded if isinstance(recorded, str) else UNRECORDED
+    return None
+
+
+def _autocast(requested: str, weights: torch.dtype, device: torch.device, recorded: str | None, root: Path):
+    """The run's :class:`~vocgraft.devices.PrecisionChoice` for ``--mixed-precision requested``. Resumed with
+    ``auto``, a run keeps what its checkpoints trained under (``recorded``); checkpoints that predate the record
+    trained under what auto chose then: no autocast for float32 weights on a CPU. An explicit choice is checked
+    against the checkpoints' settings like any other (RESUME_KEYS), so it is the run's own."""
+    from vocgraft.devices import DeviceError, PrecisionChoice, choose_precision
+
+    if requested != "auto" or recorded is None:
+        return choose_precision(weights, device, requested)
+    if recorded == UNRECORDED:
+        before = choose_precision(weights, device, "auto", cpu_autocast=False)
+        return PrecisionChoice(before.mixed, f"{before.mixed}: what auto chose when the run's checkpoints were made")
+    try:
+        kept = choose_precision(weights, device, recorded)
+    except DeviceError as exc:
+        raise TrainingError(
+            f"--resume: the run's checkpoints in {root} trained under mixed precision {recorded}, which cannot run "
+            f"here ({exc}); resume where the run began, or start over with another --checkpoint-dir."
+        ) from None
+    return PrecisionChoice(kept.mixed, f"{kept.mixed}: the run's checkpoints trained so")
 
 
 def _save_trained(
