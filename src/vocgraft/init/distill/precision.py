@@ -10,7 +10,9 @@ bfloat16 is the fast path anyway. ``distill_dtype auto`` takes that where the de
 same tensors back after it (bit for bit: nothing is cast back). A float32 model costs half its size again for
 the block. :func:`student_attention` works around one slow kernel: PyTorch's CPU flash attention computes its
 *backward* pass in bfloat16 some 9x slower than in float32 (SmolLM2, 8 x 24 tokens), so the student's training
-passes run attention on float32 copies of q, k and v (exact: bfloat16 values are float32 values).
+passes run attention on float32 copies of q, k and v (the copy is exact; the attention then sums in float32). Measured
+on SmolLM2 with one thread, per step of the student (8 snippets, forward and backward): float32 0.88 s, bfloat16
+0.57 s, bfloat16 with this attention 0.38-0.42 s; the teacher's no-gradient pass is 3.3x faster in bfloat16.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def compute_dtype(model, setting: str) -> tuple[torch.dtype, str]:
         dtype, why = torch.float32, "float32 (distill_dtype float32)"
     elif setting == "bfloat16":
         if not bf16_supported(device):
-            raise DeviceError(f"--distill-dtype bfloat16: {device} has no bfloat16 support; use --distill-dtype float32.")
+            raise DeviceError(
+                f"--distill-dtype bfloat16: {device} has no bfloat16 support; use --distill-dtype float32."
+            )
         dtype, why = torch.bfloat16, "bfloat16 (distill_dtype bfloat16)"
     elif own in SIXTEEN_BIT:
         return own, f"{dtype_name(own)}: the model's own dtype"
