@@ -114,12 +114,17 @@ def _float32_sdpa(module, query, key, value, attention_mask, **kwargs):
     return out.to(query.dtype), weights
 
 
-def _register_float32_sdpa() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
+def _register_float32_sdpa() -> bool:
+    """Register the float32 attention (and SDPA's masks for it) with transformers; False where this transformers
+    has no registry for them (before 4.53): the student then runs the model's own attention."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
     AttentionInterface.register(FLOAT32_SDPA, _float32_sdpa)
     AttentionMaskInterface.register(FLOAT32_SDPA, sdpa_mask)  # the same masks as SDPA (else: none at all)
+    return True
 
 
 @contextmanager
@@ -132,11 +137,11 @@ def student_attention(model) -> Iterator[None]:
         and model.get_input_embeddings().weight.device.type == "cpu"
         and getattr(config, "_attn_implementation", None) == "sdpa"
         and not getattr(config, "sub_configs", None)  # one attention setting for the whole model
+        and hasattr(model, "set_attn_implementation")
     )
-    if not swap:
+    if not (swap and _register_float32_sdpa()):
         yield
         return
-    _register_float32_sdpa()
     model.set_attn_implementation(FLOAT32_SDPA)
     try:
         yield
