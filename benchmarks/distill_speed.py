@@ -15,6 +15,7 @@ new ids in the canonical re-encoding of the same text) on prompts cut from held-
 arm's rows are from float32's. Rows are written as they finish; ``--resume`` keeps the finished ones.
 
     .venv/bin/python benchmarks/distill_speed.py                 # Greek, k = 1000 and 5000, both arms
+    .venv/bin/python benchmarks/distill_speed.py --ks 1000       # one k now, the other later with --resume
     .venv/bin/python benchmarks/distill_speed.py --ks 20 --lines 256 --eval-lines 20 --prompts 4 \\
         --out /tmp/distill_speed                                 # a smoke run of a few minutes
 
@@ -226,6 +227,8 @@ def main() -> None:
     report = new_report(args.model, args, settings=settings, cpu=roofline_lib.cpu_model(),
                         roofline_file=str(roofline_lib.RESULT_FILES["cpu"].relative_to(RESULTS.parent.parent)),
                         tolerance=TOLERANCE, goal_seconds=GOAL_SECONDS, ks={})  # fmt: skip
+    # a resumed run keeps the ks it does not run again (--ks 1000, later --ks 5000 --resume: one report)
+    report["ks"].update({k: v for k, v in old.items() if int(k) not in args.ks})
     print(f"load average before: {os.getloadavg()}", flush=True)
 
     _, source_tokenizer = load_model(args.model)
