@@ -24,6 +24,13 @@ pass fits the head rows this way. Tied source kept tied (``--no-untie-head``): o
 ``distill_head_weight`` weighs the next-token loss next to the distillation loss (each relative to its value at
 the start); 0 is the paper's input-only objective.
 
+**Speed** (:mod:`.precision`, ``distill_dtype``). The model is frozen, so its forward passes (teacher, student,
+head states) run in bfloat16 where the device runs it natively (a GPU; a CPU with AVX512-BF16 or AMX), on a
+bfloat16 copy of the weights put back bit for bit afterwards; the trained rows, their Adam state, the losses and
+the head fit's rows stay float32 (the fit's matmuls then take bfloat16 inputs, float32 sums). ``float32`` is the
+exact path. Every forward pass runs once per batch: the teacher's states are cached, the student's backward
+reaches only the new rows (no parameter requires a gradient), batches are grouped by length (little padding).
+
 New tokens that never occur in the corpus keep their start rows (input: ``distill_start``; head: Mean of head
 rows, pushed down by the fit wherever they would fire). In replace mode the same applies to new tokens the source
 tokenizer cannot spell byte for byte.
@@ -39,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vocgraft.devices import dtype_name
 from vocgraft.init import InitContext, Option, check_source_matrix, get_method, register, source_blocks
 from vocgraft.init.distill.input_rows import frozen, teacher_targets, train_input_rows
 from vocgraft.init.distill.output_rows import (
@@ -48,6 +56,7 @@ from vocgraft.init.distill.output_rows import (
     fit_head_rows,
     student_states,
 )
+from vocgraft.init.distill.precision import DTYPES, compute_dtype, computing_in, fit_matmuls, student_attention
 from vocgraft.init.distill.snippets import Vocab, byte_lengths, collect_snippets, prefix_id
 from vocgraft.init.mean import source_pieces, target_forms
 
@@ -122,6 +131,13 @@ OPTIONS = (
         maximum=1e6,
     ),
     Option(
+        "distill_dtype",
+        "auto",
+        "distill: dtype of the frozen model's forward passes (the rows, their optimizer and the head fit stay "
+        "float32): auto (bfloat16 where the device runs it natively, else the model's own), float32 or bfloat16",
+        choices=DTYPES,
+    ),
+    Option(
         "untie_head",
         True,
         "distill: give a tied model its own LM head first, so input and output rows are fitted separately (the "
@@ -165,13 +181,16 @@ def _prepare(ctx: InitContext) -> dict[str, Any]:
     opts = ctx.options
     # what the snippets and the teacher pass depend on besides the plan, corpus and model; a cache made with
     # other settings (a caller reusing resources across runs) is not reused
-    key = tuple(opts[name] for name in ("distill_snippets", "distill_length", "distill_merge")) + (ctx.seed,)
+    names = ("distill_snippets", "distill_length", "distill_merge", "distill_dtype")
+    key = tuple(opts[name] for name in names) + (ctx.seed,)
     cached = ctx.resources.get("distill_data")
     if cached is not None and cached["key"] == key:
         if "distill_stats" not in ctx.resources:  # a new run on the same data: its own statistics
             ctx.resources["distill_stats"] = {**cached["stats"], "teacher_reused": True}
         return cached
     show = len(ctx.plan.new_ids) > 50
+    # the forward passes' dtype, decided once: the input and head passes (and their caches) use the same
+    dtype, why = compute_dtype(ctx.model, opts["distill_dtype"])
     t0 = time.perf_counter()
     vocab = _vocab(ctx)
     snippets, got = collect_snippets(
@@ -186,11 +205,13 @@ def _prepare(ctx: InitContext) -> dict[str, Any]:
         show_progress=show,
     )
     t1 = time.perf_counter()
-    targets = teacher_targets(ctx.model, snippets, batch=STATE_BATCH, show_progress=show)
+    with computing_in(ctx.model, dtype):
+        targets = teacher_targets(ctx.model, snippets, batch=STATE_BATCH, show_progress=show)
     t2 = time.perf_counter()
     covered = got > 0
     data = {
         "key": key,
+        "dtype": dtype,
         "snippets": snippets,
         "targets": targets,
         "covered": covered,
@@ -204,6 +225,8 @@ def _prepare(ctx: InitContext) -> dict[str, Any]:
             "snippet_seconds": t1 - t0,
             "teacher_seconds": t2 - t1,
             "device": str(next(ctx.model.parameters()).device),
+            "compute_dtype": dtype_name(dtype),
+            "compute_dtype_why": why,
         },
     }
     ctx.resources["distill_data"] = data
@@ -216,9 +239,10 @@ def _canonical_text(ctx: InitContext, data: dict, head_matrix: torch.Tensor, inp
     windows, with the old output rows ``head_matrix``."""
     windows = canonical_windows(data["snippets"], HEAD_POSITIONS)
     device = next(ctx.model.parameters()).device
-    hidden, next_ids = student_states(
-        ctx.model, windows, input_rows.to(device), batch=STATE_BATCH, show_progress=len(ctx.plan.new_ids) > 50
-    )
+    with computing_in(ctx.model, data["dtype"]):
+        hidden, next_ids = student_states(
+            ctx.model, windows, input_rows.to(device), batch=STATE_BATCH, show_progress=len(ctx.plan.new_ids) > 50
+        )
     return canonical_text(ctx.model, head_matrix, hidden, next_ids)
 
 
@@ -285,24 +309,26 @@ def _input_rows(matrix: torch.Tensor, start: torch.Tensor, data: dict, ctx: Init
         text = _canonical_text(ctx, data, matrix, start)
 
         def head(rows):
-            loss, grad = ce_loss_and_grad(rows.cpu(), text)
+            with fit_matmuls(data["dtype"]):
+                loss, grad = ce_loss_and_grad(rows.cpu(), text)
             return loss, grad.to(rows.device)
 
     device = next(model.parameters()).device
-    rows, history = train_input_rows(
-        model,
-        data["snippets"],
-        data["targets"],
-        start,
-        torch.from_numpy(data["covered"]).to(device),
-        epochs=opts["distill_epochs"],
-        batch=opts["distill_batch"],
-        lr=opts["distill_lr"] * _rms(matrix, ctx),
-        seed=ctx.seed,
-        head=head,
-        head_weight=opts["distill_head_weight"] if tied else 0.0,
-        show_progress=len(ctx.plan.new_ids) > 50,
-    )
+    with computing_in(model, data["dtype"]), student_attention(model):
+        rows, history = train_input_rows(
+            model,
+            data["snippets"],
+            data["targets"],
+            start,
+            torch.from_numpy(data["covered"]).to(device),
+            epochs=opts["distill_epochs"],
+            batch=opts["distill_batch"],
+            lr=opts["distill_lr"] * _rms(matrix, ctx),
+            seed=ctx.seed,
+            head=head,
+            head_weight=opts["distill_head_weight"] if tied else 0.0,
+            show_progress=len(ctx.plan.new_ids) > 50,
+        )
     rows = rows.cpu()
     stats["input"] = {**history, "seconds": time.perf_counter() - t0, "tied_head": tied}
     ctx.resources["distill_input"] = {"key": key, "rows": rows, "history": stats["input"]}
@@ -324,7 +350,8 @@ def _head_rows(matrix: torch.Tensor, start: torch.Tensor, data: dict, ctx: InitC
     seen &= torch.tensor([bool(p) for p in pieces])
     anchor = torch.where(seen.unsqueeze(1), matrix[first].float(), start.float())
     t1 = time.perf_counter()
-    rows, fit_stats = fit_head_rows(text, anchor, ctx.options["distill_ridge"])
+    with fit_matmuls(data["dtype"]):
+        rows, fit_stats = fit_head_rows(text, anchor, ctx.options["distill_ridge"])
     stats["head"] = {
         **fit_stats,
         "rows_seen": int(seen.sum()),

@@ -41,11 +41,13 @@ class CanonicalText:
     bias: float = 0.0  # the head's mean bias (models with a biased head), added to every new logit
     cap: float | None = None  # final-logit soft-capping (Gemma 2/3): logits = cap * tanh(logits / cap)
 
-    def new_logits(self, rows: torch.Tensor, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """(new logits, d logit / d raw) for positions ``sl``."""
-        raw = self.hidden[sl] @ rows.T + self.bias
+    def new_logits(self, rows: torch.Tensor, sl: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(new logits, d logit / d raw) for positions ``sl``; the slope is None where it is 1 (no soft-capping)."""
+        raw = self.hidden[sl] @ rows.T
+        if self.bias:
+            raw += self.bias
         if not self.cap:
-            return raw, torch.ones_like(raw)
+            return raw, None
         squashed = torch.tanh(raw / self.cap)
         return self.cap * squashed, 1 - squashed.square()
 
@@ -131,17 +133,24 @@ def ce_loss_and_grad(
     for lo in range(0, len(text.target), POSITION_CHUNK):
         sl = slice(lo, lo + POSITION_CHUNK)
         logits, slope = text.new_logits(rows, sl)
-        lse = torch.logaddexp(text.old_lse[sl], torch.logsumexp(logits, dim=1))
         target = text.target[sl]
         is_new = target >= 0
         target_logit = torch.where(
             is_new, logits.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1), text.old_target_logit[sl]
         )
+        # one pass of exp over positions x new tokens (the big elementwise cost): shifted by the larger of the
+        # new logits' maximum and the old log-sum-exp, then rescaled into probabilities
+        old_lse = text.old_lse[sl]
+        top = torch.maximum(logits.amax(dim=1), old_lse)
+        d_logits = torch.exp(logits - top.unsqueeze(1))
+        lse = top + torch.log(d_logits.sum(dim=1) + torch.exp(old_lse - top))
+        d_logits *= torch.exp(top - lse).unsqueeze(1)
         total += (lse - target_logit).sum().double()
-        d_logits = torch.exp(logits - lse.unsqueeze(1))
         hits = is_new.nonzero().squeeze(1)
         d_logits[hits, target[hits]] -= 1
-        grad += (d_logits * slope).T @ text.hidden[sl]
+        if slope is not None:
+            d_logits *= slope
+        grad += d_logits.T @ text.hidden[sl]
     loss = total / n
     grad /= n
     if ridge and anchor is not None:
@@ -163,8 +172,11 @@ def fit_head_rows(
     rows = anchor.clone().float().requires_grad_(True)
     start, _ = ce_loss_and_grad(anchor, text)
     optimizer = torch.optim.LBFGS([rows], lr=1, max_iter=iterations, history_size=20, line_search_fn="strong_wolfe")
+    evaluations = 0
 
     def closure():
+        nonlocal evaluations
+        evaluations += 1
         loss, grad = ce_loss_and_grad(rows, text, anchor, lam)
         rows.grad = grad
         return loss
@@ -176,4 +188,5 @@ def fit_head_rows(
         "head_ce_end": float(end),
         "positions": len(text.target),
         "new_target_positions": int((text.target >= 0).sum()),
+        "evaluations": evaluations,  # of the loss and its gradient, each about 4 x positions x rows x hidden FLOPs
     }
