@@ -271,8 +271,11 @@ def write_markdown(report: dict) -> None:
             f"{1 - predicted['lines_differing']:.1%} / {1 - predicted['chunks_differing']:.1%}",
             f"{share(measured['lines'])} / {share(measured['chunks'])}" if measured else "-",
         ])  # fmt: skip
-    lines += [markdown_table(["output", "nearest", "reason", "predicted identical", "llama.cpp identical"],
-                             refused_rows), ""]  # fmt: skip
+    if refused_rows:
+        lines += [markdown_table(["output", "nearest", "reason", "predicted identical", "llama.cpp identical"],
+                                 refused_rows), ""]  # fmt: skip
+    else:
+        lines += ["None: every output was written without --force-pre.", ""]
     warned = [[name, facts["warning"]] for name, facts in report["outputs"].items() if facts.get("warning")]
     if warned:
         lines += ["## Written with a warning", "",
