@@ -328,8 +328,8 @@ class _Planner:
                 if not self.protected.allows([pair for _, pair in engine.merges_since(mark)], created):
                     reason = "protect"
                     break
-                # the merges that join this token's own text (a SentencePiece entry it completes, "split", joins
-                # text around one of these new pieces, so it is only as wide as they are)
+                # the merges that join this token's own text; one completing an old SentencePiece entry ("split")
+                # needs one of the new pieces these make, so it never fires where they do not
                 merges = [item for kind, item in added if kind == "merge"]
                 if self.merges_allowed is not None and not self.merges_allowed(token, merges):  # type: ignore[arg-type]
                     reason = "merge-outside-scripts"
