@@ -130,10 +130,12 @@ def build_smollm2(root: Path, k: int, vocab: int, train_lines: int) -> dict[str,
 
 
 def export(folder: Path, out: Path) -> dict:
-    """Export ``folder``; a refused one is recorded and exported with the nearest type."""
-    facts: dict = {"refused": None}
+    """Export ``folder``; a refused one is recorded and exported with the nearest type, and the warning of one
+    written with a difference its source has is recorded."""
+    facts: dict = {"refused": None, "warning": None}
     try:
         result = export_gguf(folder, out, overwrite=out.exists())
+        facts["warning"] = result.warning
     except ExportRefused as refused:
         facts["refused"] = {
             "reason": refused.choice.reason,
@@ -239,6 +241,8 @@ def write_markdown(report: dict) -> None:
         cells = [f"{share(facts['ids'][lang]['lines'])} / {share(facts['ids'][lang]['chunks'])}" for lang in langs]
         refused = facts["refused"]
         verdict = "exact" if refused is None else f"refused; forced {facts['tokenizer']}"
+        if refused is None and facts.get("warning"):
+            verdict = "written; warned (the source's difference)"
         rows.append([name, facts["tokenizer"], verdict, *cells])
     lines = [
         "# GGUF export: llama.cpp's ids vs the output's tokenizer",
@@ -267,8 +271,17 @@ def write_markdown(report: dict) -> None:
             f"{1 - predicted['lines_differing']:.1%} / {1 - predicted['chunks_differing']:.1%}",
             f"{share(measured['lines'])} / {share(measured['chunks'])}" if measured else "-",
         ])  # fmt: skip
-    lines += [markdown_table(["output", "nearest", "reason", "predicted identical", "llama.cpp identical"],
-                             refused_rows), ""]  # fmt: skip
+    if refused_rows:
+        lines += [markdown_table(["output", "nearest", "reason", "predicted identical", "llama.cpp identical"],
+                                 refused_rows), ""]  # fmt: skip
+    else:
+        lines += ["None: every output was written without --force-pre.", ""]
+    warned = [[name, facts["warning"]] for name, facts in report["outputs"].items() if facts.get("warning")]
+    if warned:
+        lines += ["## Written with a warning", "",
+                  "A difference llama.cpp has with the source model's own tokenizer, which the output keeps: written "
+                  "without --force-pre, with this one-line warning.", "",
+                  markdown_table(["output", "warning"], warned), ""]  # fmt: skip
     if report["generation"]:
         lines += ["## Greedy continuation (SmolLM2, f32)", "",
                   f"{PROMPTS} prompts (10 Greek, 10 English), {NEW_TOKENS} tokens, argmax of llama.cpp's logits vs "

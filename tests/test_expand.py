@@ -523,3 +523,29 @@ def test_merges_must_touch_a_character_of_the_target_scripts():
     assert not _merges_in_scripts("âĢį", [("âĢ", "į")], "byte-level-bpe", devanagari)  # a zero-width joiner alone
     assert _merges_in_scripts("▁नम", [("▁न", "म")], "sentencepiece-bpe", devanagari)
     assert not _merges_in_scripts("▁नम,,", [(",", ",")], "sentencepiece-bpe", devanagari)
+
+
+# the plan of a byte-level expansion with fixed inputs, as vocgraft made it before SentencePiece sources got
+# SentencePiece's joining rule (commit 25eb3c6): byte-level expansions must not change at all
+BYTELEVEL_PLAN_SHA256 = "de97cd48c9e4e8c4c65846805ab8a8b2bca12bc29205d77c57aac1f504c44476"
+
+
+def test_byte_level_expansions_are_unchanged():
+    """GPT-2 expanded with NeoX's tokenizer as the auxiliary one (real files, no training: the result depends on
+    vocgraft alone) gives the same new tokens and merges, byte for byte, appended after the source's."""
+    import hashlib
+    import warnings
+
+    from families import SHARED_TOKENIZERS
+    from transformers import AutoTokenizer
+
+    source = AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / "gpt2")
+    aux = AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / "neox")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NeoX pre-tokenizes otherwise than GPT-2: said, and irrelevant here
+        ex = expand_tokenizer(source, aux, _lines("el", "train", 400), 60, scripts={"GREEK"})
+    plan = json.dumps([ex.new_tokens, [list(m) for m in ex.merges]], ensure_ascii=False)
+    assert hashlib.sha256(plan.encode()).hexdigest() == BYTELEVEL_PLAN_SHA256, plan[:300]
+    before, after = _spec(source)["model"], _spec(ex.tokenizer)["model"]
+    assert parse_merges(after["merges"]) == parse_merges(before["merges"]) + ex.merges
+    assert after["vocab"] == before["vocab"] | {t: ex.first_new_id + i for i, t in enumerate(ex.new_tokens)}

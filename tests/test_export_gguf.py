@@ -4,7 +4,9 @@ Each output is exported and read back two ways: gguf-py's ``GGUFReader`` (the me
 model and pre-tokenizer type, one token per embedding row, special ids, merges or scores) and transformers' GGUF
 loader (the tokenizer it builds from the file gives the ids of the output's own tokenizer on held-out Greek and
 Hindi; the model it builds has every weight of the output, bit for bit in f32). Outputs llama.cpp cannot tokenize
-exactly are refused, for reasons the tests check independently, and written with ``--force-pre``.
+exactly are refused, for reasons the tests check independently, and written with ``--force-pre``; a difference the
+source's own tokenizer has (Llama-2's Metaspace layout) is written with a warning. SentencePiece files are also
+tokenized by llama.cpp's SentencePiece algorithm written out in Python (tests/llama_cpp_spm.py).
 
 llama.cpp itself is run by benchmarks/gguf_parity.py (it needs the llama-cpp-python wheel).
 """
@@ -12,6 +14,7 @@ llama.cpp itself is run by benchmarks/gguf_parity.py (it needs the llama-cpp-pyt
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 from conftest import corpus_path
 from families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
+from llama_cpp_spm import SpmTokenizer
 from gguf import GGUFReader
 from safetensors.torch import load_file
 from tiny import lines
@@ -29,7 +33,7 @@ from vocgraft.corpus import read_lines
 from vocgraft.export import llama_cpp_types as types
 from vocgraft.export import sentencepiece as sp
 from vocgraft.export.errors import ExportError, ExportRefused
-from vocgraft.export.mismatch import measure
+from vocgraft.export.mismatch import chunks, measure
 from vocgraft.export.to_gguf import RECORD_KEY, export_gguf
 from vocgraft.recipes.expand import expand_model
 from vocgraft.recipes.replace import replace_model
@@ -78,10 +82,11 @@ class Built:
         self.dirs |= {"expand": root / "expand", "replace": root / "replace"}
         self.files: dict[str, Path] = {}
         self.refusals: dict[str, ExportRefused] = {}
+        self.warnings: dict[str, str | None] = {}
         for mode, folder in self.dirs.items():
             out = root / f"{mode}.gguf"
             try:
-                export_gguf(folder, out)
+                self.warnings[mode] = export_gguf(folder, out).warning
             except ExportRefused as refused:
                 self.refusals[mode] = refused
                 export_gguf(folder, out, force_pre=refused.choice.pre)
@@ -119,12 +124,18 @@ def unmerged_splits(spec: dict) -> list[tuple[str, str]]:
 
 def expected_refusal(family: str, mode: str, spec: dict) -> str | None:
     """The reason llama.cpp cannot run an output's tokenizer exactly (a phrase of the refusal), or None."""
-    if family == "llama2":  # Metaspace(prepend_scheme=first): " x" gets no ▁ of its own; llama.cpp adds one
-        return "adds no ▁ before text that starts with a space"
     if SOURCE_TYPES[family][0] == "llama" and unmerged_splits(spec):
         return "make a token without being one of its merges"
     if family == "llama3" and not spec["model"].get("ignore_merges"):  # a trained target tokenizer
         return "keeps a pre-token that is a vocabulary entry whole"
+    return None
+
+
+def expected_warning(family: str) -> str | None:
+    """The difference llama.cpp has with the source's own tokenizer, which every output keeps (a phrase of the
+    warning), or None."""
+    if family == "llama2":  # Metaspace(prepend_scheme=first): " x" gets no ▁ of its own; llama.cpp adds one
+        return "adds no ▁ before text that starts with a space"
     return None
 
 
@@ -143,6 +154,12 @@ def test_export_reads_back_as_llama_cpp_reads_it(built, mode):
         assert reason in message and f"nearest llama.cpp type is {model}/{pre}" in message
         assert "el/heldout.txt" in message or mode == "source"  # the output's own held-out text, from its manifest
         assert f"--force-pre {pre}" in message and "\n" not in message
+    inherited = expected_warning(built.family)
+    warning = built.warnings.get(mode)
+    assert (warning is not None) == (inherited is not None and refused is None), warning
+    if warning is not None:  # one line: the difference and its measured share, on the output's held-out text
+        assert inherited in warning and "tokenize differently" in warning and "\n" not in warning
+        assert ("el/heldout.txt" in warning) == (mode != "source") and "% of" in warning
 
     reader = GGUFReader(str(file))
     rows = load_file(next(folder.glob("*.safetensors")))["model.embed_tokens.weight"].shape[0]
@@ -168,7 +185,10 @@ def test_export_reads_back_as_llama_cpp_reads_it(built, mode):
         assert scores[vocab[left + right]] == -min(r for r, (a, b) in enumerate(merges) if a + b == left + right)
     assert (field(reader, "tokenizer.chat_template") is not None) == bool(family_info(built.family)["chat_template"])
     record = json.loads(field(reader, RECORD_KEY))
-    assert record["tokenizer"]["exact"] == (refused is None) and record["tokenizer"]["forced"] == (refused is not None)
+    assert record["tokenizer"]["exact"] == (refused is None and warning is None)
+    assert record["tokenizer"]["forced"] == (refused is not None)
+    assert (record["tokenizer"]["inherited"] is not None) == (inherited is not None)
+    assert (record["mismatch"] is not None) == (refused is not None or warning is not None)
     tied = family_info(built.family)["tie_word_embeddings"]
     assert ("output.weight" in {t.name for t in reader.tensors}) == (not tied)
 
@@ -219,6 +239,61 @@ def test_transformers_loads_the_export_as_the_output(built, mode):
     emb = weights["model.embed_tokens.weight"]
     head = weights.get("lm_head.weight", emb)
     assert torch.equal(model.get_input_embeddings().weight, emb) and torch.equal(model.lm_head.weight, head)
+
+
+# ------------------------------------------------------------------------------------------ SentencePiece
+
+
+def sentencepiece_params():
+    return [p for p in family_params() if SOURCE_TYPES[p if isinstance(p, str) else p.values[0]][0] == "llama"]
+
+
+def heldout_texts(langs=("el", "hi", "en")) -> list[str]:
+    found = []
+    for lang in langs:
+        text = read_lines(corpus_path(lang, "heldout"), limit=HELDOUT)
+        found += text + chunks(text)
+    return found
+
+
+@pytest.mark.parametrize("built", sentencepiece_params(), indirect=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_sentencepiece_exports_are_run_by_llama_cpps_rule_as_the_output(built, mode):
+    """Every SentencePiece output is written without --force-pre, and llama.cpp's SentencePiece algorithm over the
+    file's tokens and scores gives the output's own ids on held-out lines and multi-line chunks."""
+    assert mode not in built.refusals, built.refusals.get(mode)
+    text = heldout_texts()
+    engine = SpmTokenizer.from_gguf(built.files[mode])
+    ours = AutoTokenizer.from_pretrained(built.dirs[mode])(text, add_special_tokens=False).input_ids
+    differing = [line for line, ids in zip(text, ours) if engine(line) != ids]
+    assert not differing, differing[:3]
+
+
+@pytest.mark.parametrize("built", ["llama2"], indirect=True)
+def test_the_source_layout_warns_in_one_line_and_what_vocgraft_adds_is_refused(built, tmp_path, capsys):
+    """Llama-2's own Metaspace difference: exported with a one-line warning. The same tokenizer missing one merge
+    that SentencePiece joins (a difference vocgraft would have made): refused, naming both."""
+    out = tmp_path / "source.gguf"
+    code = main(["export", "gguf", "--model", str(built.dirs["source"]), "--out", str(out)])
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vocgraft export gguf")]
+    assert code == 0 and out.is_file() and len(warned) == 1
+    assert "warning:" in warned[0] and "prepend_scheme first" in warned[0] and "probe lines" in warned[0]
+
+    broken = tmp_path / "broken"
+    shutil.copytree(built.dirs["expand"], broken)
+    spec = spec_of(broken)
+    merges = sp.merge_pairs(spec["model"])
+    first = sp.first_ranks(merges)
+    new = set(AutoTokenizer.from_pretrained(broken).get_vocab()) - set(spec_of(built.dirs["source"])["model"]["vocab"])
+    # a split of a new token that is not its first merge: dropping it leaves the token reachable
+    drop = next(i for i, (a, b) in enumerate(merges) if a + b in new and first[a + b] != i)
+    spec["model"]["merges"] = [m for i, m in enumerate(spec["model"]["merges"]) if i != drop]
+    (broken / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(ExportRefused) as refused:
+        export_gguf(broken, tmp_path / "broken.gguf")
+    message = str(refused.value)
+    assert "1 pairs of vocabulary entries make a token without being one of its merges" in message
+    assert "prepend_scheme first" in message and not (tmp_path / "broken.gguf").exists()
 
 
 # ------------------------------------------------------------------------------------- marks-aware regexes

@@ -269,3 +269,31 @@ def test_sentencepiece_like_a_real_source_keeps_its_roles_bos_and_dummy_prefix(f
         assert tok.decode(tok(text, add_special_tokens=False).input_ids) == decoded
     for token in like.all_special_tokens:  # special and added tokens come along, and stay single tokens
         assert tok.convert_ids_to_tokens(tok(token, add_special_tokens=False).input_ids) == [token]
+
+
+@pytest.mark.parametrize("family", ["llama3", "gpt2"])
+def test_a_replacing_tokenizer_keeps_the_sources_ignore_merges(family, greek_lines):
+    """Llama-3 keeps a pre-token that is a vocabulary entry whole (ignore_merges), as llama.cpp's llama-bpe type
+    does: the tokenizer trained to replace it keeps that too (then llama.cpp runs it exactly); an auxiliary
+    tokenizer of an expansion stays as trained, and a source without the flag gives a target without it."""
+    from families import SHARED_TOKENIZERS
+    from transformers import AutoTokenizer
+
+    from vocgraft.export.tokenizer import choose
+    from vocgraft.recipes.replace import target_tokenizer_for
+    from vocgraft.tokenization.spec import tokenizer_spec
+
+    source = AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / family)
+    wanted = bool(tokenizer_spec(source)["model"].get("ignore_merges"))
+    assert wanted == (family == "llama3")
+    aux = train_tokenizer(greek_lines[:300], "bytelevel-bpe", 800, like=source)
+    assert not tokenizer_spec(aux)["model"].get("ignore_merges")
+    target = target_tokenizer_for(source, greek_lines[:300], kind=None, vocab_size=800)
+    spec = tokenizer_spec(target)
+    assert bool(spec["model"].get("ignore_merges")) == wanted
+    choice = choose(spec)
+    assert choice.exact and choice.pre == {"llama3": "llama-bpe", "gpt2": "gpt-2"}[family]
+    # the flag is what tells the two apart: a word that is an entry is that entry, whatever the merges make of it
+    backend = target.backend_tokenizer
+    whole = [w for w in spec["model"]["vocab"] if len(backend.model.tokenize(w)) == 1]
+    assert len(whole) == len(spec["model"]["vocab"]) or not wanted

@@ -488,13 +488,15 @@ def cmd_export_gguf(args) -> None:
         force_pre=args.force_pre,
         overwrite=args.overwrite,
     )
-    if result.forced and not result.choice.exact:
+    if result.forced and result.choice.reason is not None:
         warn(
             "export gguf",
             f"--force-pre {result.choice.pre}: llama.cpp will not tokenize as the model's tokenizer does "
             f"({result.choice.reason}); "
             + (f"{result.mismatch.describe()} tokenize differently." if result.mismatch else ""),
         )
+    elif result.warning:
+        warn("export gguf", result.warning)
     print(result.describe())
 
 

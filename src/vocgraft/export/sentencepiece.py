@@ -13,7 +13,8 @@ A tokenizer.json BPE joins only the pairs its merges list, lowest rank first. Th
 - every way of writing a token as two vocabulary entries is one of its merges (llama.cpp joins any such pair).
 
 SentencePiece BPE converted to tokenizer.json (Llama-2, vocgraft's ``sp-bpe`` tokenizers) lists every split, so
-both hold; an expansion adds one merge per new token and can break the second (:func:`merge_differences`).
+both hold; so does vocgraft's expansion of such a tokenizer (:mod:`vocgraft.tokenization.sp_bpe`), and
+:func:`merge_differences` checks it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def space_prefix(spec: dict) -> tuple[bool, str | None]:
         f"its normalizer ({_names(normalizer)}) and pre-tokenizer ({_names(pre)}) are not the space handling "
         "llama.cpp has (a ▁ for every space, optionally one before the text)"
     )
+
+
+def is_source_layout(spec: dict) -> bool:
+    """Whether the space handling is a Metaspace pre-tokenizer (transformers' layout of Llama-2 and Mistral), which
+    vocgraft never writes and only carries over from a source: expansion edits the BPE model alone, and replacement's
+    SentencePiece kinds wear the source's layout (vocgraft's own prepend ``▁`` with a normalizer, as llama.cpp
+    does). llama.cpp's converter writes such a source with ``add_space_prefix``, so its users already see the
+    difference :func:`space_prefix` names."""
+    return spec.get("normalizer") is None and _is(spec.get("pre_tokenizer"), "Metaspace", replacement=SPACE)
 
 
 def model_problem(spec: dict) -> str | None:

@@ -4,7 +4,9 @@ The file is written with gguf-py's ``GGUFWriter`` through a temporary file and a
 a record of the export under the key ``vocgraft.export`` (llama.cpp ignores keys it does not know); ``--overwrite``
 replaces only a file that carries it. The tokenizer is refused unless llama.cpp will produce exactly its ids
 (:mod:`.tokenizer`); the refusal names the reason, the nearest llama.cpp type and the share of text that would
-tokenize differently under it, and ``--force-pre`` writes that type anyway.
+tokenize differently under it, and ``--force-pre`` writes that type anyway. A difference llama.cpp has with the
+source model's own tokenizer, which the model keeps unchanged (Llama-2/Mistral's Metaspace layout), is written with a
+one-line warning naming it and its measured share instead (:attr:`ExportResult.warning`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,18 @@ class ExportResult:
     rows: int
     choice: TokenizerChoice
     forced: bool
-    mismatch: Mismatch | None  # measured when llama.cpp is not exact (refused or forced)
+    mismatch: Mismatch | None  # measured when llama.cpp is not exact (refused, forced, or inherited)
     seconds: float
+    warning: str | None = None  # one line: a difference inherited from the source, and its measured share
 
     def describe(self) -> str:
         tokenizer = f"{self.choice.model}/{self.choice.pre}"
-        how = "llama.cpp tokenizes as the model's tokenizer does" if self.choice.exact else "forced"
+        if self.choice.exact:
+            how = "llama.cpp tokenizes as the model's tokenizer does"
+        elif self.forced and self.choice.reason is not None:
+            how = "forced"
+        else:
+            how = "llama.cpp tokenizes as it does the source's own tokenizer"
         return (
             f"{self.path}: {self.arch}, {self.tensors} tensors ({self.outtype}), {self.rows:,} token rows, tokenizer "
             f"{tokenizer} ({how}), {self.seconds:.0f}s"
@@ -131,14 +139,22 @@ def _nearest(spec: dict, choice: TokenizerChoice, lines: list[str], text: str) -
 
 
 def refusal(model: str | Path, choice: TokenizerChoice, mismatch: Mismatch) -> str:
+    reasons = "; ".join(r for r in (choice.reason, choice.inherited) if r)
     return (
-        f"--model {model}: llama.cpp cannot tokenize as this tokenizer does: {choice.reason}. The nearest llama.cpp "
+        f"--model {model}: llama.cpp cannot tokenize as this tokenizer does: {reasons}. The nearest llama.cpp "
         f"type is {choice.model}/{choice.pre}, under which {mismatch.describe()} tokenize differently; pass "
         f"--force-pre {choice.pre} to export it with that type anyway."
     )
 
 
 # ------------------------------------------------------------------------------------------------------ write
+
+
+def inherited_warning(choice: TokenizerChoice, mismatch: Mismatch) -> str:
+    return (
+        f"llama.cpp tokenizes some text differently from this tokenizer, as it does its source model's own: "
+        f"{choice.inherited}; {mismatch.describe()} tokenize differently."
+    )
 
 
 def export_gguf(
@@ -151,7 +167,8 @@ def export_gguf(
     overwrite: bool = False,
 ) -> ExportResult:
     """Write ``model`` (a directory) as the GGUF file ``out``; ExportError when llama.cpp would tokenize
-    differently from the directory's tokenizer and ``force_pre`` is not given."""
+    differently from the directory's tokenizer and ``force_pre`` is not given, unless the only difference is one
+    the source model's own tokenizer has (then ``ExportResult.warning`` says so, with its measured share)."""
     from transformers import AutoConfig
 
     from vocgraft.export.architecture import OUTTYPES, gguf_arch, plan_tensors
@@ -170,13 +187,15 @@ def export_gguf(
     choice = choose(spec)
     if force_pre is not None:
         choice = force(choice, spec, force_pre)
-    mismatch = None
+    mismatch = warning = None
     if not choice.exact:
         lines, where = _measurement_lines(folder, text)
-        if force_pre is None:
+        if force_pre is None and choice.reason is not None:
             choice, mismatch = _nearest(spec, choice, lines, where)
             raise ExportRefused(refusal(model, choice, mismatch), choice, mismatch)
         mismatch = measure(spec, choice.emulations[choice.pre], lines, where)
+        if choice.reason is None:  # only what the source has: written, with a warning
+            warning = inherited_warning(choice, mismatch)
     tensors = plan_tensors(folder, config, arch, outtype)
     rows = next(t.shape[0] for t in tensors if t.name == "token_embd.weight")
     check_tokenizer_fits(tokenizer, rows, model)
@@ -191,7 +210,7 @@ def export_gguf(
     _write(out, folder, arch, config, outtype, tensors, rows, choice, vocab, record, overwrite)
     return ExportResult(
         Path(out), arch, outtype, len(tensors), rows, choice, force_pre is not None, mismatch,
-        time.perf_counter() - started,
+        time.perf_counter() - started, warning,
     )  # fmt: skip
 
 

@@ -4,7 +4,9 @@
 (byte-level BPE, with a ``tokenizer.ggml.pre`` type: :mod:`.llama_cpp_types`) or ``llama`` (SentencePiece-style
 BPE with byte fallback, scores instead of merges: :mod:`.sentencepiece`). It says whether llama.cpp will produce
 exactly the tokenizer's ids (by comparing the pipeline step by step, not by hashing a check text), and if not, why,
-and what llama.cpp would do instead (a tokenizer.json emulating it, for :mod:`.mismatch`).
+and what llama.cpp would do instead (a tokenizer.json emulating it, for :mod:`.mismatch`). A difference the
+source model's own tokenizer has with llama.cpp, and vocgraft copies unchanged (Llama-2/Mistral's Metaspace
+layout), is kept apart as ``inherited``: exported with a warning, not refused.
 
 :func:`vocabulary` gives the metadata: tokens (one per embedding row, ``[PAD<id>]`` for rows no token has),
 token types, scores or merges, special ids, add_bos/add_eos, chat template.
@@ -31,7 +33,9 @@ class TokenizerChoice:
     model: str  # tokenizer.ggml.model: gpt2 or llama
     pre: str  # tokenizer.ggml.pre: the matching type, or the nearest one
     exact: bool
-    reason: str | None = None  # why llama.cpp cannot run it exactly (None when exact)
+    reason: str | None = None  # why llama.cpp cannot run it exactly, refused (None when exact or only inherited)
+    # a difference llama.cpp has with the source model's own tokenizer too, which the tokenizer keeps unchanged
+    inherited: str | None = None
     add_space_prefix: bool | None = None  # llama only
     # the tokenizer.json of what llama.cpp does, per candidate type (the nearest is picked by measuring)
     emulations: dict[str, dict] = field(default_factory=dict, repr=False)
@@ -42,6 +46,7 @@ class TokenizerChoice:
             "pre": self.pre,
             "exact": self.exact,
             "reason": self.reason,
+            "inherited": self.inherited,
             "add_space_prefix": self.add_space_prefix,
         }
 
@@ -65,12 +70,15 @@ def _bytelevel(spec: dict) -> TokenizerChoice:
 
 def _sentencepiece(spec: dict) -> TokenizerChoice:
     prefix, layout = sp.space_prefix(spec)
-    problems = [p for p in (layout, sp.model_problem(spec), sp.merge_differences(spec)) if p]
+    inherited = layout if layout is not None and sp.is_source_layout(spec) else None
+    own = None if inherited is not None else layout
+    problems = [p for p in (own, sp.model_problem(spec), sp.merge_differences(spec)) if p]
     return TokenizerChoice(
         "llama",
         SPM_PRE,
-        not problems,
+        not problems and inherited is None,
         "; ".join(problems) or None,
+        inherited=inherited,
         add_space_prefix=prefix,
         emulations={SPM_PRE: sp.emulation_spec(spec, prefix)},
     )

@@ -25,6 +25,7 @@ from vocgraft.recipes.common import (
     save_adapted,
 )
 from vocgraft.tokenization import train_tokenizer
+from vocgraft.tokenization.train import keep_ignore_merges
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.spec import tokenizer_family
 
@@ -78,8 +79,8 @@ def target_tokenizer_for(
 ):
     """The tokenizer that replaces the source's: ``given``, or one trained on ``lines`` (by default of the
     source's own family, resembling the source: its pre-tokenization or SentencePiece layout and its special
-    tokens; a byte-level one keeps combining marks if ``marks`` says so), plus the source's special tokens and roles
-    (:func:`with_source_specials`)."""
+    tokens; a byte-level one keeps combining marks if ``marks`` says so, and the source's ``ignore_merges``), plus
+    the source's special tokens and roles (:func:`with_source_specials`)."""
     if given is None:
         family = tokenizer_family(source_tokenizer)
         kind = kind or KIND_LIKE_SOURCE.get(family)
@@ -91,6 +92,8 @@ def target_tokenizer_for(
         if kind == "bytelevel-bpe" and like is not None and marks:
             like = marks.apply(source_tokenizer)
         given = train_tokenizer(lines, kind, vocab_size, like=like, seed=seed)
+        if kind == "bytelevel-bpe" and like is not None:
+            keep_ignore_merges(source_tokenizer, given)
     return with_source_specials(source_tokenizer, given)
 
 

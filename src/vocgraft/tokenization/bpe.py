@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# log kinds that add a merge: "merge" (asked for with add_merge, or a new token's own split) and "split" (a
+# subclass's merge completing an entry that a new token is part of)
+MERGE_KINDS = ("merge", "split")
+
 
 def parse_merges(raw: Iterable) -> list[tuple[str, str]]:
     """Merges from a tokenizer.json model: pairs (``tokenizers`` >= 0.20) or legacy ``"a b"`` strings."""
@@ -74,15 +78,26 @@ class BPEModel:
         return len(self._log)
 
     def added_since(self, mark: int) -> list[tuple[str, object]]:
-        """What was added since ``checkpoint()`` returned ``mark``: ("vocab", token) / ("merge", pair)."""
+        """What was added since ``checkpoint()`` returned ``mark``: ("vocab", token) / ("merge", pair), and in
+        subclasses other kinds (see :meth:`merges_since`)."""
         return list(self._log[mark:])
+
+    def merges_since(self, mark: int) -> list[tuple[float, tuple[str, str]]]:
+        """Every merge added since ``checkpoint()`` returned ``mark``, as (rank, pair) in rank order. A rank is an
+        integer past the original merges, or (in subclasses) a fraction after the original merge it follows."""
+        ranks = self.ranks
+        pairs = [item for kind, item in self._log[mark:] if kind in MERGE_KINDS]
+        return sorted((ranks[pair], pair) for pair in pairs)  # type: ignore[index]
 
     def rollback(self, mark: int) -> None:
         """Undo every addition made after ``checkpoint()`` returned ``mark``."""
         while len(self._log) > mark:
             kind, item = self._log.pop()
-            if kind == "vocab":
-                self.vocab.discard(item)  # type: ignore[arg-type]
-            else:
-                del self.ranks[item]  # type: ignore[arg-type]
-                self._next_rank -= 1
+            self._undo(kind, item)
+
+    def _undo(self, kind: str, item: object) -> None:
+        if kind == "vocab":
+            self.vocab.discard(item)  # type: ignore[arg-type]
+        else:
+            del self.ranks[item]  # type: ignore[arg-type]
+            self._next_rank -= 1

@@ -7,6 +7,11 @@ it made before, and only then may new merges join adjacent pieces. Text in which
 merge joins ever stand next to each other (e.g. English, for a Greek expansion) therefore tokenizes exactly as
 before.
 
+A SentencePiece-style source is planned under SentencePiece's own rule (:mod:`vocgraft.tokenization.sp_bpe`), which
+llama.cpp runs too: any two adjacent entries that make an entry join. So a new token gets every split into two
+entries as a merge, and an old entry a new token completes (``▁`` + new ``να`` = old ``▁να``) gets that split ranked
+with its own merges, among the original ones; such a merge needs a new piece, so the guarantee above holds.
+
 A new token's merges are expressed over the pieces the current model (original merges plus the new ones added
 so far) leaves of its string. Joining n pieces takes n-1 merges and may need intermediate strings; each one
 not yet in the vocabulary takes a row, and **k counts every row**: wanted tokens and intermediates alike.
@@ -37,6 +42,7 @@ from vocgraft.tokenization.canonical import canonical_form
 from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import make_portable
 from vocgraft.tokenization.scripts import bytes_in_scripts, in_scripts
+from vocgraft.tokenization.sp_bpe import SentencePieceBPE
 from vocgraft.tokenization.spec import is_bytelevel, tokenizer_spec
 from vocgraft.tokenization.train import BYTE_PIECE
 
@@ -61,7 +67,9 @@ class Expansion:
     tokenizer: PreTrainedTokenizerFast  # source + new vocab entries + new merges
     new_tokens: list[str]  # raw vocab strings in the order of their ids, starting at first_new_id
     intermediates: list[str]  # new tokens added only so that a wanted token is reachable by merges
-    merges: list[tuple[str, str]]  # appended after the original merges, in rank order
+    # the new merges in rank order: after the original ones, except that a SentencePiece-style source's old entry
+    # completed by a new token has that merge ranked right after its own merges
+    merges: list[tuple[str, str]]
     candidates_considered: int
     first_new_id: int = 0
     # candidates outside the wanted scripts, or whose merge path did not fit or was refused by ``protect``
@@ -316,10 +324,13 @@ class _Planner:
                 reason = "added-token"
                 break
             if len(pieces) == 1:
-                merges = [item for kind, item in engine.added_since(mark) if kind == "merge"]
-                if not self.protected.allows(merges, created):  # type: ignore[arg-type]
+                added = engine.added_since(mark)
+                if not self.protected.allows([pair for _, pair in engine.merges_since(mark)], created):
                     reason = "protect"
                     break
+                # the merges that join this token's own text; one completing an old SentencePiece entry ("split")
+                # needs one of the new pieces these make, so it never fires where they do not
+                merges = [item for kind, item in added if kind == "merge"]
                 if self.merges_allowed is not None and not self.merges_allowed(token, merges):  # type: ignore[arg-type]
                     reason = "merge-outside-scripts"
                     break
@@ -420,7 +431,7 @@ def expand_tokenizer(
     ranked = _rank(source_tokenizer, aux_tokenizer, aux_spec, family, lines, show_progress)
 
     model = source_spec["model"]
-    engine = BPEModel(model["vocab"], parse_merges(model["merges"]), ignore_merges=bool(model.get("ignore_merges")))
+    engine = _engine(source_spec, family)
     added_contents = {t["content"] for t in source_spec.get("added_tokens", [])}
     protected = _protected(source_tokenizer, protect, engine.ignore_merges)
     rules = "byte-level-bpe" if family == BYTE_LEVEL else "sentencepiece-bpe"
@@ -472,16 +483,15 @@ def expand_tokenizer(
             stacklevel=2,
         )
 
-    log = engine.added_since(start)
-    new_tokens = [item for kind, item in log if kind == "vocab"]
-    new_merges = [item for kind, item in log if kind == "merge"]
+    new_tokens = [item for kind, item in engine.added_since(start) if kind == "vocab"]
+    placed = engine.merges_since(start)
     first_new_id = id_range(source_tokenizer)
-    tokenizer = _build(source_tokenizer, source_spec, new_tokens, new_merges, first_new_id)
+    tokenizer = _build(source_tokenizer, source_spec, new_tokens, placed, first_new_id)
     return Expansion(
         tokenizer=tokenizer,
         new_tokens=new_tokens,
         intermediates=[t for t in new_tokens if t in intermediates],
-        merges=new_merges,
+        merges=[pair for _, pair in placed],
         candidates_considered=considered,
         first_new_id=first_new_id,
         skipped=skipped,
@@ -511,14 +521,45 @@ def _merges_in_scripts(token: str, merges: list[tuple[str, str]], rules: str, sc
     return True
 
 
+def _engine(spec: dict, family: str) -> BPEModel:
+    """The planning model of a source: its BPE, and for a SentencePiece-style one SentencePiece's rule that any
+    two adjacent entries join into an entry (:mod:`vocgraft.tokenization.sp_bpe`)."""
+    model = spec["model"]
+    merges = parse_merges(model["merges"])
+    if family == SENTENCEPIECE:
+        added = {t["content"] for t in spec.get("added_tokens", [])}
+        unmergeable = added | {t for t in model["vocab"] if BYTE_PIECE.match(t)}
+        return SentencePieceBPE(
+            model["vocab"], merges, unmergeable=unmergeable, ignore_merges=bool(model.get("ignore_merges"))
+        )
+    return BPEModel(model["vocab"], merges, ignore_merges=bool(model.get("ignore_merges")))
+
+
+def _placed(old: list, new: list[tuple[float, tuple[str, str]]], legacy: bool) -> list:
+    """The original merges with the new ones at their ranks: an integer rank past the end is appended, a
+    fractional one follows the original merge it is a fraction after (SentencePiece-style sources)."""
+    written = [f"{a} {b}" if legacy else [a, b] for _, (a, b) in new]
+    if not new or new[0][0] >= len(old):
+        return old + written  # byte-level: every new merge after every original one
+    out: list = []
+    at = 0
+    for index, merge in enumerate(old):
+        out.append(merge)
+        while at < len(new) and new[at][0] < index + 1:
+            out.append(written[at])
+            at += 1
+    return out + written[at:]
+
+
 def _build(
     source_tokenizer: Any,
     spec: dict,
     new_tokens: list[str],
-    new_merges: list[tuple[str, str]],
+    new_merges: list[tuple[float, tuple[str, str]]],
     first_new_id: int,
 ) -> PreTrainedTokenizerFast:
-    """Edit the model of the source's tokenizer.json in place (every other field and flag untouched)."""
+    """Edit the model of the source's tokenizer.json in place (every other field and flag untouched).
+    ``new_merges``: (rank, pair) in rank order (:meth:`BPEModel.merges_since`)."""
     spec = json.loads(json.dumps(spec))  # private copy
     model = spec["model"]
     # tokenizers ignores the ids of added tokens that are not in the model vocab when it loads a
@@ -530,7 +571,7 @@ def _build(
     for offset, token in enumerate(new_tokens):
         model["vocab"][token] = first_new_id + offset
     legacy = bool(model["merges"]) and all(isinstance(m, str) for m in model["merges"])
-    model["merges"].extend(f"{a} {b}" if legacy else [a, b] for a, b in new_merges)
+    model["merges"] = _placed(model["merges"], new_merges, legacy)
     text = json.dumps(spec, ensure_ascii=False)
     Tokenizer.from_str(text)  # fail here, with the tokenizers error, if the edit is inconsistent
     tokenizer = _wrap_like(source_tokenizer, text)

@@ -200,6 +200,17 @@ def _train_bytelevel(
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names)
 
 
+def keep_ignore_merges(like: Any, tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """Give ``tokenizer`` (trained like= a byte-level ``like``) the BPE flag ``ignore_merges`` of ``like`` (in
+    place; returned). Llama-3 keeps a pre-token that is a vocabulary entry as that one token, and so does llama.cpp's
+    ``llama-bpe`` type for its regex; the trainer does not carry the flag over. A tokenizer that replaces the source's
+    takes it (it then splits as llama.cpp runs Llama-3); an auxiliary tokenizer of an expansion is left as trained
+    (only its counts and merges are used)."""
+    if _backend_json(like)["model"].get("ignore_merges"):
+        tokenizer.backend_tokenizer.model.ignore_merges = True
+    return tokenizer
+
+
 def _component(part: str, node: dict) -> Any:
     """Deserialize one pipeline component from its JSON by round-tripping through a minimal tokenizer.json."""
     shell = json.loads(Tokenizer(models.BPE()).to_str())
