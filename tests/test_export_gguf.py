@@ -22,8 +22,8 @@ import pytest
 import torch
 from conftest import corpus_path
 from families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
-from llama_cpp_spm import SpmTokenizer
 from gguf import GGUFReader
+from llama_cpp_spm import SpmTokenizer
 from safetensors.torch import load_file
 from tiny import lines
 from transformers import AutoModelForCausalLM, AutoTokenizer

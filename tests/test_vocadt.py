@@ -21,6 +21,7 @@ from vocgraft.init.mean import mean_rows
 from vocgraft.plan import VocabPlan
 from vocgraft.surgery import graft
 from vocgraft.train.data import TrainingError
+from vocgraft.train.neighbours import exact_nearest_rows
 from vocgraft.train.vocadt import (
     adapter_memory,
     adapter_start,
@@ -32,7 +33,6 @@ from vocgraft.train.vocadt import (
     shared_vocabulary,
     weighted_rows,
 )
-from vocgraft.train.neighbours import exact_nearest_rows
 
 
 def english_sp_without_byte_fallback() -> PreTrainedTokenizerFast:

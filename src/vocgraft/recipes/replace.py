@@ -25,9 +25,9 @@ from vocgraft.recipes.common import (
     save_adapted,
 )
 from vocgraft.tokenization import train_tokenizer
-from vocgraft.tokenization.train import keep_ignore_merges
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.spec import tokenizer_family
+from vocgraft.tokenization.train import keep_ignore_merges
 
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # the target tokenizer kind trained by default: the source's own family, so pre-tokenization stays familiar
