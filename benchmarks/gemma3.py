@@ -184,25 +184,9 @@ def generation_prompts(lang: str, count: int) -> list[str]:
 
 
 def generation_parity(llama_cpp, file: Path, folder: Path, prompts: list[str]) -> dict:
-    import torch
-    from gguf_parity import greedy_llama_cpp, greedy_transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from gguf_parity import generation
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    runner = engine(llama_cpp, file, n_ctx=256, logits_all=True)
-    rows = []
-    for prompt in prompts:
-        ids = tokenizer(prompt).input_ids
-        ours, theirs = greedy_transformers(model, ids), greedy_llama_cpp(runner, ids)
-        agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), NEW_TOKENS)
-        rows.append({"prompt": prompt, "transformers": ours, "llama_cpp": theirs, "agreeing_prefix": agree})
-    return {
-        "prompts": len(rows),
-        "identical": sum(r["agreeing_prefix"] == NEW_TOKENS for r in rows) / len(rows),
-        "mean_agreeing_prefix": sum(r["agreeing_prefix"] for r in rows) / len(rows),
-        "rows": rows,
-    }
+    return generation(llama_cpp, file, folder, prompts, engine(llama_cpp, file, n_ctx=256, logits_all=True))
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -204,7 +204,9 @@ def greedy_llama_cpp(engine, ids: list[int]) -> list[int]:
     return generated
 
 
-def generation(llama_cpp, file: Path, folder: Path) -> dict:
+def generation(llama_cpp, file: Path, folder: Path, texts: Sequence[str] | None = None, engine=None) -> dict:
+    """The first NEW_TOKENS greedy ids of transformers (float32) and of llama.cpp on each prompt (default
+    :func:`prompts`), and how long a prefix they share; ``engine``: a loaded ``llama_cpp.Llama`` for ``file``."""
     import os
 
     import torch
@@ -212,9 +214,12 @@ def generation(llama_cpp, file: Path, folder: Path) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    engine = llama_cpp.Llama(model_path=str(file), n_ctx=256, logits_all=True, n_threads=os.cpu_count(), verbose=False)
+    if engine is None:
+        engine = llama_cpp.Llama(
+            model_path=str(file), n_ctx=256, logits_all=True, n_threads=os.cpu_count(), verbose=False
+        )
     rows = []
-    for prompt in prompts():
+    for prompt in prompts() if texts is None else texts:
         ids = tokenizer(prompt).input_ids
         ours, theirs = greedy_transformers(model, ids), greedy_llama_cpp(engine, ids)
         agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), NEW_TOKENS)
