@@ -77,6 +77,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE, SOURCE_LAPT = "source", "source + LAPT"
 XLABEL = "characters/s at a fixed length, relative to source + LAPT (interleaved)"
 # settings that decide what a row measures: a resumed run must have the same ones
+# the lists a resume may extend (rows are keyed by name): the whole grid is their union
+GRID_LISTS = ("langs", "inits", "variants", "equal_lines_inits", "variant_inits")
 GRID_KEYS = (
     "model", "ks", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
     "epochs", "updates", "lr", "warmup_steps", "join", "val_lines", "eval_lines", "en_lines", "cond_pairs",
@@ -651,7 +653,7 @@ def open_report(args) -> dict:
         diffs = ", ".join(f"--{k.replace('_', '-')} {report['args'].get(k)!r} -> {getattr(args, k)!r}" for k in changed)
         raise GridError(f"--resume: {path} was run with other settings ({diffs}); use the same ones or another --out.")
     # a resume may add languages, inits and variants (rows are keyed by name), never change one it already ran
-    for key in ("langs", "inits", "variants", "equal_lines_inits", "variant_inits"):
+    for key in GRID_LISTS:
         report["args"][key] = list(dict.fromkeys(report["args"].get(key, []) + getattr(args, key)))
     return report
 
@@ -688,7 +690,9 @@ def main(argv=None) -> int:
         for lang, ready in prepared.items():
             if ready is not None:
                 grid.run_language(lang, ready)
-        report["finished"] = all(grid.done(lang, r.name) for lang in args.langs for r in planned_rows(lang, args))
+        # finished means every row of the whole grid (the union a resume keeps), not only this process's selection
+        whole = argparse.Namespace(**(vars(args) | {k: report["args"][k] for k in GRID_LISTS}))
+        report["finished"] = all(grid.done(lang, r.name) for lang in whole.langs for r in planned_rows(lang, whole))
     except (TrainingStopped, OutOfBudget) as exc:
         report["processes"][process]["stopped"] = f"--budget-minutes {args.budget_minutes} ran out: {exc}".strip()
         print(f"stopped: the budget ran out ({exc}); run again with --resume to continue.", flush=True)
@@ -785,7 +789,7 @@ def write_markdown(report: dict, path: Path) -> None:
         + "\n",
         f"{report['machine']}, GPU: {report.get('gpu', 'none')}; each row names the device it ran on. Processes:\n",
         markdown_table(
-            ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed", "stopped"],
+            ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed", "stopped / remark"],
             [
                 [
                     i,
@@ -796,7 +800,7 @@ def write_markdown(report: dict, path: Path) -> None:
                     p["torch_threads"],
                     p.get("device", "none"),
                     "yes" if p["resume"] else "no",
-                    p.get("stopped", ""),
+                    " ".join(x for x in (p.get("stopped", ""), p.get("remark", "")) if x),
                 ]
                 for i, p in enumerate(report["processes"])
             ],
