@@ -144,7 +144,7 @@ def run_cli(args: list[str], limit_mib: float, code: str = RUN) -> dict:
 
 
 def tensors_of(folder: Path):
-    from vocgraft.devices import checkpoint_tensors
+    from vocgraft.checkpoint import checkpoint_tensors
 
     return checkpoint_tensors(folder)
 

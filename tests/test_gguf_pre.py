@@ -13,6 +13,7 @@ import pytest
 import regex
 from conftest import corpus_path
 
+from vocgraft.checkpoint import ModelLoadError
 from vocgraft.corpus import read_lines
 from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.marks import BYTELEVEL_PATTERN
@@ -145,6 +146,6 @@ def test_a_conversion_cached_before_the_digit_split_is_not_reused(tmp_path, monk
     (stale / "config.json").write_text("{}", encoding="utf-8")
     # stop where a conversion would start: reaching it proves the stale directory was passed over
     monkeypatch.setattr(models, "gguf_conversion_problem", lambda: "converting again")
-    with pytest.raises(models.ModelLoadError, match="converting again"):
+    with pytest.raises(ModelLoadError, match="converting again"):
         models.resolve("smollm2")
     assert models.converted_dir(stale.name) != stale

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import vocgraft.shards as shards
 from vocgraft.cli import main
-from vocgraft.devices import checkpoint_tensors
+from vocgraft.checkpoint import checkpoint_tensors
 from vocgraft.recipes.expand import expand_model
 from vocgraft.recipes.replace import replace_model
 

@@ -71,12 +71,12 @@ def stop_signals_interrupt() -> Iterator[None]:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """vocgraft's own error types: their messages name the input and the fix."""
+    from vocgraft.checkpoint import ModelLoadError
     from vocgraft.corpus import CorpusError
     from vocgraft.devices import DeviceError
     from vocgraft.diskerrors import DiskError
     from vocgraft.export.errors import ExportError
     from vocgraft.init import MethodInputError
-    from vocgraft.models import ModelLoadError
     from vocgraft.outdir import OutputExistsError
     from vocgraft.pipeline.config import ConfigError
     from vocgraft.preflight import ArgumentError

@@ -110,7 +110,8 @@ def check_output_file(out: str | Path, overwrite: bool) -> Path:
 
 
 def _model_dir(model: str | Path) -> Path:
-    from vocgraft.models import ModelLoadError, resolve
+    from vocgraft.checkpoint import ModelLoadError
+    from vocgraft.models import resolve
 
     where = Path(resolve(model))
     if not where.is_dir():

@@ -64,7 +64,8 @@ def open_source(
     otherwise the model loaded whole in ``dtype`` on ``device``. ``surgery`` forces a path ("shards" refuses
     when it cannot be taken)."""
     from vocgraft.devices import resolve_device
-    from vocgraft.models import ModelLoadError, check_tokenizer_fits, load_model, load_tokenizer, resolve
+    from vocgraft.checkpoint import ModelLoadError
+    from vocgraft.models import check_tokenizer_fits, load_model, load_tokenizer, resolve
 
     if surgery not in SURGERY_PATHS:
         raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")
