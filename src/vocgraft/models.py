@@ -24,7 +24,6 @@ from vocgraft.checkpoint import ModelLoadError, checkpoint_tensors, stored_dtype
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
 from vocgraft.devices import DtypeChoice
 from vocgraft.outdir import make_temp_dir, publish_shared_dir
-from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
@@ -118,6 +117,8 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vocgraft.tokenization.llama_cpp_types import gguf_pre_type, match_llama_cpp
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
