@@ -9,7 +9,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from vocgraft.corpus import SHARED_CORPORA as CORPORA
 from vocgraft.corpus import read_lines
-from vocgraft.outdir import MANIFEST, OutputExistsError
+from vocgraft.errors import OutputExistsError
+from vocgraft.outdir import MANIFEST
 from vocgraft.tokenization import TOKENIZER_KINDS, save_tokenizer, sentencepiece_model_bytes, train_tokenizer
 from vocgraft.tokenization.train import SENTENCEPIECE_FILE, sentencepiece_roles
 

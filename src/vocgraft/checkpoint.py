@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.errors import UserError
 
-class ModelLoadError(ValueError):
+
+class ModelLoadError(UserError, ValueError):
     """A model spec that cannot be loaded; the message says what to do."""
 
 

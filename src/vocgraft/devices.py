@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from vocgraft.checkpoint import checkpoint_bytes
+from vocgraft.errors import UserError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -37,7 +38,7 @@ GIB = 1 << 30
 LOAD_OVERHEAD = GIB // 2
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """A device, dtype or memory budget the run cannot have; the message names the flag that fixes it."""
 
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from vocgraft.errors import UserError
+
 # what each errno is called in the message
 DISK_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
 _BY_TEXT = {os.strerror(code).lower(): code for code in DISK_ERRNOS}
@@ -24,7 +26,7 @@ _OS_ERROR = re.compile(r"os error (\d+)")
 _SHORT_WRITE = ("unexpected pos", "failed writing")
 
 
-class DiskError(Exception):
+class DiskError(UserError):
     """A write failed because the filesystem is full, over quota or read-only; the message says what to do."""
 
 

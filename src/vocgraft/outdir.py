@@ -30,13 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vocgraft import failpoints
+from vocgraft.errors import OutputExistsError
 
 MANIFEST = "vocgraft.json"
 STAGE_RECORD = "vocgraft-stage.json"  # a pipeline stage's folder (vocgraft.pipeline.run), marked complete
-
-
-class OutputExistsError(FileExistsError):
-    """The output directory exists and the user did not ask to overwrite it."""
 
 
 def _existing_ancestor(path: Path) -> Path:

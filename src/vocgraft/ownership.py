@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vocgraft.errors import OutputExistsError
 from vocgraft.outdir import (
     MANIFEST,
     STAGE_RECORD,
-    OutputExistsError,
     check_not_working_dir,
     check_replaceable,
     file_at_stake,
