@@ -117,6 +117,19 @@ def disk_error(
     )
 
 
+def output_disk_error(exc: BaseException, flag: str, path: str | os.PathLike) -> DiskError | None:
+    """A :class:`DiskError` naming ``flag`` and its ``path`` for a small output (a ``--json`` result) that a full,
+    over-quota or read-only disk kept from being written, else None: the way out is another place for it."""
+    code = disk_errno(exc)
+    if code is None:
+        return None
+    fix = "make it writable" if code == errno.EROFS else "free space there"
+    return DiskError(
+        f"{flag} {path}: {DISK_ERRNOS[code]} on {mount_point(path)} while writing it; choose another {flag} on a "
+        f"disk with room, or {fix} and run again."
+    )
+
+
 @contextlib.contextmanager
 def translate_disk_errors(
     what: str, path: str | os.PathLike, *, need: int | None, flag: str, then: str
