@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import corpus_path
-from families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from gguf import GGUFReader
 from llama_cpp_spm import SpmTokenizer
 from safetensors.torch import load_file
@@ -34,6 +33,7 @@ from vocgraft.export import sentencepiece as sp
 from vocgraft.export.errors import ExportError, ExportRefused
 from vocgraft.export.mismatch import chunks, measure
 from vocgraft.export.to_gguf import RECORD_KEY, export_gguf
+from vocgraft.families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from vocgraft.recipes.expand import expand_model
 from vocgraft.recipes.replace import replace_model
 from vocgraft.tokenization import llama_cpp_types as types

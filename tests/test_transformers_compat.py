@@ -27,13 +27,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from families import family_info, family_source_dir
 from tiny import lines
 
 import vocgraft
 from vocgraft.checkpoint import ModelLoadError
 from vocgraft.cli import main
 from vocgraft.corpus import SHARED_CORPORA
+from vocgraft.families import family_info, family_source_dir
 
 # pins: tokenizers as each transformers requires (0.20 is the first that reads merges stored as pairs, which every
 # tokenizer.json we write has); huggingface_hub < 1 as 4.x requires

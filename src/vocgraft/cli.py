@@ -9,12 +9,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from vocgraft.corpus import (
-    SHARED_CORPORA,  # noqa: F401  (benchmarks import it from here too)
-    CorpusError,
-)
+from vocgraft.corpus import SHARED_CORPORA, CorpusError
 from vocgraft.models import DEFAULT_MODEL
-from vocgraft.outdir import write_json  # noqa: F401  (benchmarks and scripts import it from here too)
+from vocgraft.outdir import write_json
 
 # adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
 # loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
