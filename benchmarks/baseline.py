@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import evaluate
 from vocgraft.models import describe, timed_load
+from vocgraft.outdir import write_json
 from vocgraft.report import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import bits_per_byte, encode_lines
 from vocgraft.eval.generation import GREEDY, generate_one, generation_speed, prompts_from_lines
 from vocgraft.init import method_options
 from vocgraft.models import load_model
+from vocgraft.outdir import write_json
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import init_and_graft, method_stats
 from vocgraft.recipes.expand import train_aux_tokenizer

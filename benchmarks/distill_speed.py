@@ -34,25 +34,23 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import roofline_lib  # noqa: E402
-import torch  # noqa: E402
-from common import new_report  # noqa: E402
-from distill import greedy, parse_init  # noqa: E402
+import roofline_lib
+import torch
+from common import new_report
+from distill import greedy, parse_init
 
-from vocgraft.cli import SHARED_CORPORA  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.eval import bits_per_byte  # noqa: E402
-from vocgraft.eval.bpb import paired_bits_per_byte_difference  # noqa: E402
-from vocgraft.eval.generation import prompts_from_lines  # noqa: E402
-from vocgraft.models import load_model  # noqa: E402
-from vocgraft.outdir import write_json  # noqa: E402
-from vocgraft.plan import VocabPlan  # noqa: E402
-from vocgraft.recipes.common import init_and_graft, method_stats  # noqa: E402
-from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
-from vocgraft.tokenization import expand_tokenizer  # noqa: E402
-from vocgraft.tokenization.scripts import dominant_scripts  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.eval import bits_per_byte
+from vocgraft.eval.bpb import paired_bits_per_byte_difference
+from vocgraft.eval.generation import prompts_from_lines
+from vocgraft.models import load_model
+from vocgraft.outdir import write_json
+from vocgraft.plan import VocabPlan
+from vocgraft.recipes.common import init_and_graft, method_stats
+from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.report import markdown_table
+from vocgraft.tokenization import expand_tokenizer
+from vocgraft.tokenization.scripts import dominant_scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # label=key:value,... over distill's settings (as benchmarks/distill.py parses them); float32 is the plain path

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream, markdown_summary
 from vocgraft.eval.generation import prompts_from_lines
 from vocgraft.eval.mt import read_pairs
+from vocgraft.outdir import write_json
 from vocgraft.recipes.expand import expand_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

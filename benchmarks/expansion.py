@@ -18,28 +18,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import new_report  # noqa: E402
-from peak_memory import PeakRSS  # noqa: E402
+from common import new_report
+from peak_memory import PeakRSS
 
-from vocgraft.cli import SHARED_CORPORA, expansion_summary, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.eval import bits_per_byte, encode_lines  # noqa: E402
-from vocgraft.init import METHODS as REGISTRY  # noqa: E402
-from vocgraft.init import InitContext, initialize  # noqa: E402
-from vocgraft.models import load_model  # noqa: E402
-from vocgraft.plan import VocabPlan, raw_tokens  # noqa: E402
-from vocgraft.recipes.common import method_stats  # noqa: E402
-from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
-from vocgraft.surgery import graft, mean_resizing_baseline  # noqa: E402
-from vocgraft.tokenization import expand_tokenizer  # noqa: E402
-from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, choose_keep_marks  # noqa: E402
-from vocgraft.tokenization.scripts import dominant_scripts  # noqa: E402
+from vocgraft.cli import expansion_summary
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.eval import bits_per_byte, encode_lines
+from vocgraft.init import METHODS as REGISTRY
+from vocgraft.init import InitContext, initialize
+from vocgraft.models import load_model
+from vocgraft.outdir import write_json
+from vocgraft.plan import VocabPlan, raw_tokens
+from vocgraft.recipes.common import method_stats
+from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.report import markdown_table
+from vocgraft.surgery import graft, mean_resizing_baseline
+from vocgraft.tokenization import expand_tokenizer
+from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, choose_keep_marks
+from vocgraft.tokenization.scripts import dominant_scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "transformers-mean-resizing"  # not a registry method: transformers' resize, the external baseline

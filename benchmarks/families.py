@@ -19,16 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import new_report  # noqa: E402
-from families import FAMILIES, family_info, family_source_dir  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from common import new_report
+from transformers import AutoTokenizer
 
-from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.plan import VocabPlan  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.families import FAMILIES, family_info, family_source_dir
+from vocgraft.outdir import write_json
+from vocgraft.plan import VocabPlan
+from vocgraft.report import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")

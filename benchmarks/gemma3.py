@@ -35,12 +35,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import new_report  # noqa: E402
+from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.outdir import write_json
+from vocgraft.report import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 16

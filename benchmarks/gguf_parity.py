@@ -1,7 +1,7 @@
 """`vocgraft export gguf` checked by llama.cpp itself (through llama-cpp-python): does llama.cpp give the ids the
 output's own tokenizer gives, and does the exported model continue text as transformers does?
 
-Tokenization: every family of ../shared/tokenizers in a tiny random model (tests/families.py), with its outputs
+Tokenization: every family of ../shared/tokenizers in a tiny random model (vocgraft.families), with its outputs
 `expand` Greek (k=1000), `expand` Hindi (k=1000, --keep-marks auto) and `replace` Greek, plus SmolLM2-135M and its
 outputs `expand` Greek (k=1000), `expand` Hindi (k=1000, --keep-marks on: the marks-aware regex) and `replace`
 Greek. Each is exported (f32); an output vocgraft refuses is recorded with the reason, the nearest llama.cpp type and
@@ -32,16 +32,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import new_report  # noqa: E402
+from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.export.errors import ExportRefused  # noqa: E402
-from vocgraft.export.mismatch import chunks  # noqa: E402
-from vocgraft.export.to_gguf import export_gguf  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.export.errors import ExportRefused
+from vocgraft.export.mismatch import chunks
+from vocgraft.export.to_gguf import export_gguf
+from vocgraft.outdir import write_json
+from vocgraft.report import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WHEELS = Path.home() / ".cache" / "vocgraft" / "wheels"
@@ -87,8 +85,7 @@ def heldout(lang: str) -> list[str]:
 
 
 def build_family(family: str, root: Path, k: int, vocab: int, train_lines: int) -> dict[str, Path]:
-    from families import family_source_dir
-
+    from vocgraft.families import family_source_dir
     from vocgraft.recipes.expand import expand_model
     from vocgraft.recipes.replace import replace_model
 
@@ -298,7 +295,7 @@ def write_markdown(report: dict) -> None:
 
 
 def main() -> None:
-    from families import FAMILIES
+    from vocgraft.families import FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=FAMILIES)

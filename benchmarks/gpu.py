@@ -247,7 +247,8 @@ def arm_roofline(bench: Bench) -> dict:
 
 
 def arm_eval(bench: Bench, key: str, dtype: str) -> dict:
-    from vocgraft.devices import DTYPES, choose_dtype, dtype_name, stored_dtype
+    from vocgraft.checkpoint import stored_dtype
+    from vocgraft.devices import DTYPES, choose_dtype, dtype_name
     from vocgraft.eval import bits_per_byte
     from vocgraft.models import dtype_choice_of, load_model
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import bits_per_byte
 from vocgraft.eval.downstream import new_token_ids
 from vocgraft.models import load_model
+from vocgraft.outdir import write_json
 from vocgraft.recipes.expand import expand_model
 from vocgraft.report import markdown_table
 from vocgraft.train.data import pack_tokens

@@ -45,9 +45,9 @@ import torch
 from common import new_report
 from roofline_lib import MODELS, load_roofline
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_corpus
+from vocgraft.corpus import SHARED_CORPORA, read_corpus
 from vocgraft.models import load_model
+from vocgraft.outdir import write_json
 from vocgraft.report import markdown_table
 from vocgraft.train.data import DEFAULT_JOIN, BatchOrder, pack_tokens, split_validation
 from vocgraft.train.lapt import TrainConfig, train

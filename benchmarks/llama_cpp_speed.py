@@ -27,10 +27,9 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import new_report  # noqa: E402
+from common import new_report
 
-from vocgraft.eval.speed import Sample, continuation_text, interleave, speed_summary, stop_ids  # noqa: E402
+from vocgraft.eval.speed import Sample, continuation_text, interleave, speed_summary, stop_ids
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EOG_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -140,9 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
-    from vocgraft.cli import SHARED_CORPORA, write_json
-    from vocgraft.corpus import read_lines
+    from vocgraft.corpus import SHARED_CORPORA, read_lines
     from vocgraft.eval.generation import prompts_from_lines
+    from vocgraft.outdir import write_json
 
     args = parse_args(argv)
     models = {}

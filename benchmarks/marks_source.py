@@ -14,29 +14,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import new_report  # noqa: E402
-from expansion import english_changed_share  # noqa: E402
-from marks import source_change  # noqa: E402
+from common import new_report
+from expansion import english_changed_share
+from marks import source_change
 
-from vocgraft.cli import SHARED_CORPORA, expansion_summary, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.models import load_tokenizer  # noqa: E402
-from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
-from vocgraft.tokenization import expand_tokenizer  # noqa: E402
-from vocgraft.tokenization.marks import (  # noqa: E402
+from vocgraft.cli import expansion_summary
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.models import load_tokenizer
+from vocgraft.outdir import write_json
+from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.report import markdown_table
+from vocgraft.tokenization import expand_tokenizer
+from vocgraft.tokenization.marks import (
     choose_keep_marks,
     cuts_marks,
     mark_share,
     never_produced,
     with_marks,
 )
-from vocgraft.tokenization.scripts import dominant_scripts  # noqa: E402
+from vocgraft.tokenization.scripts import dominant_scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENIZERS = Path(os.environ.get("VOCGRAFT_TOKENIZERS") or SHARED_CORPORA.parent / "tokenizers")

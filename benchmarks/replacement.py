@@ -17,22 +17,20 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peak_memory import PeakRSS  # noqa: E402
+from peak_memory import PeakRSS
 
-from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.eval import bits_per_byte, encode_lines, fertility, speedup  # noqa: E402
-from vocgraft.models import load_model  # noqa: E402
-from vocgraft.plan import VocabPlan, raw_tokens  # noqa: E402
-from vocgraft.recipes.common import init_and_graft, method_stats  # noqa: E402
-from vocgraft.recipes.replace import with_source_specials  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
-from vocgraft.tokenization import train_tokenizer  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.eval import bits_per_byte, encode_lines, fertility, speedup
+from vocgraft.models import load_model
+from vocgraft.outdir import write_json
+from vocgraft.plan import VocabPlan, raw_tokens
+from vocgraft.recipes.common import init_and_graft, method_stats
+from vocgraft.recipes.replace import with_source_specials
+from vocgraft.report import markdown_table
+from vocgraft.tokenization import train_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ["random", "multivariate", "mean", "merge", "align", "focus", "salt", "salt-centered"]  # registry methods

@@ -30,12 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import new_report  # noqa: E402
+from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
-from vocgraft.corpus import read_lines  # noqa: E402
-from vocgraft.report import markdown_table  # noqa: E402
+from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.outdir import write_json
+from vocgraft.report import markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENIZERS = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers"
@@ -144,7 +143,7 @@ def run_cli(args: list[str], limit_mib: float, code: str = RUN) -> dict:
 
 
 def tensors_of(folder: Path):
-    from vocgraft.devices import checkpoint_tensors
+    from vocgraft.checkpoint import checkpoint_tensors
 
     return checkpoint_tensors(folder)
 

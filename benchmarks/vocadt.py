@@ -32,10 +32,10 @@ from pathlib import Path
 
 from common import new_report
 
-from vocgraft.cli import SHARED_CORPORA, write_json
-from vocgraft.corpus import read_lines
+from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import bits_per_byte, encode_lines, fertility
 from vocgraft.models import load_model, load_tokenizer
+from vocgraft.outdir import write_json
 from vocgraft.recipes.replace import replace_model
 from vocgraft.report import markdown_table
 from vocgraft.tokenization import train_tokenizer

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import lines, tiny_source_dir
 
-from vocgraft import devices
+from vocgraft import checkpoint, devices
 from vocgraft.cli import main
 from vocgraft.devices import DeviceError
 
@@ -69,11 +69,11 @@ def test_training_precision():
 
 def test_sizes_come_from_the_headers(source):
     folder = source / "source"
-    entries = devices.checkpoint_tensors(folder)
+    entries = checkpoint.checkpoint_tensors(folder)
     stored = sum(e.nbytes for e in entries.values())
-    assert devices.stored_dtype(folder) == torch.float32
-    assert devices.checkpoint_bytes(folder) == stored
-    assert devices.checkpoint_bytes(folder, torch.bfloat16) == stored // 2
+    assert checkpoint.stored_dtype(folder) == torch.float32
+    assert checkpoint.checkpoint_bytes(folder) == stored
+    assert checkpoint.checkpoint_bytes(folder, torch.bfloat16) == stored // 2
     assert stored < (folder / "model.safetensors").stat().st_size < stored + 100_000  # data + header
 
 
@@ -249,7 +249,7 @@ def test_loading_a_bf16_checkpoint_on_a_slow_bf16_cpu(bf16_source, capsys):
 def test_the_memory_check_counts_the_compute_dtype(bf16_source, monkeypatch, capsys):
     from vocgraft.models import load_model
 
-    stored = devices.checkpoint_bytes(bf16_source)
+    stored = checkpoint.checkpoint_bytes(bf16_source)
     # room for the bfloat16 weights, not for a float32 copy of them
     monkeypatch.setattr(devices, "available_memory", lambda device: devices.LOAD_OVERHEAD + stored * 3 // 2)
     load_model(bf16_source)  # computed in bfloat16: fits

@@ -536,8 +536,9 @@ def test_byte_level_expansions_are_unchanged():
     import hashlib
     import warnings
 
-    from families import SHARED_TOKENIZERS
     from transformers import AutoTokenizer
+
+    from vocgraft.families import SHARED_TOKENIZERS
 
     source = AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / "gpt2")
     aux = AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / "neox")

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import corpus_path
-from families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from gguf import GGUFReader
 from llama_cpp_spm import SpmTokenizer
 from safetensors.torch import load_file
@@ -30,14 +29,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vocgraft.cli import main
 from vocgraft.corpus import read_lines
-from vocgraft.export import llama_cpp_types as types
 from vocgraft.export import sentencepiece as sp
 from vocgraft.export.errors import ExportError, ExportRefused
 from vocgraft.export.mismatch import chunks, measure
 from vocgraft.export.to_gguf import RECORD_KEY, export_gguf
+from vocgraft.families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from vocgraft.recipes.expand import expand_model
 from vocgraft.recipes.replace import replace_model
-from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
+from vocgraft.tokenization import llama_cpp_types as types
+from vocgraft.tokenization.llama_cpp_types import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.marks import keep_marks_pattern
 
 TRAIN = 600
@@ -45,7 +45,7 @@ K = 40
 VOCAB = 800  # auxiliary (expand) and target (replace) tokenizer size; Llama-3's 256 special tokens need > 513
 HELDOUT = 60
 MODES = ("source", "expand", "replace")
-# what llama.cpp runs each family's own tokenizer as (llama-vocab.cpp; see vocgraft.export.llama_cpp_types)
+# what llama.cpp runs each family's own tokenizer as (llama-vocab.cpp; see vocgraft.tokenization.llama_cpp_types)
 SOURCE_TYPES = {
     "gpt2": ("gpt2", "gpt-2"),
     "neox": ("gpt2", "gpt-2"),
@@ -208,7 +208,7 @@ def ids(tokenizer_json: str, text: list[str]) -> list[list[int]]:
 
 def as_llama_cpp_runs(tokenizer, pre: str | None) -> str:
     """The tokenizer.json of transformers' GGUF tokenizer, completed where its conversion leaves out what llama.cpp
-    does for the file's type: smollm's digit split (vocgraft.tokenization.gguf_pre) and llama-bpe's
+    does for the file's type: smollm's digit split (vocgraft.tokenization.llama_cpp_types) and llama-bpe's
     ignore_merges. (For SentencePiece files it derives merges from the scores, which is llama.cpp's rule; its
     Metaspace layout differs from llama.cpp only on text that starts with a space, which held-out lines do not.)"""
     spec = json.loads(match_llama_cpp(tokenizer, pre).backend_tokenizer.to_str())

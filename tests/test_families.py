@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from safetensors.torch import load_file
 from tiny import lines
 from transformers import AutoTokenizer
 
 from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.families import FAMILIES, LARGE, SHARED_TOKENIZERS, family_info, family_source_dir
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.expand import expand_model, train_aux_tokenizer
 from vocgraft.recipes.replace import replace_model, target_tokenizer_for

@@ -23,8 +23,9 @@ from tiny import lines, tiny_source_dir
 
 from vocgraft import failpoints, locks
 from vocgraft.cli import main
+from vocgraft.errors import OutputExistsError
 from vocgraft.locks import LOCK_PREFIX, FolderBusyError, hold
-from vocgraft.outdir import MANIFEST, OutputExistsError, atomic_output_dir, atomic_output_file
+from vocgraft.outdir import MANIFEST, atomic_output_dir, atomic_output_file
 
 ENV = os.environ | {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
 

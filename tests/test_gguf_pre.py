@@ -8,13 +8,16 @@ written here with the ``regex`` module, independently of the tokenizers pipeline
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import regex
 from conftest import corpus_path
 
+from vocgraft.checkpoint import ModelLoadError
 from vocgraft.corpus import read_lines
-from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
+from vocgraft.tokenization import llama_cpp_types as llama
+from vocgraft.tokenization.llama_cpp_types import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.marks import BYTELEVEL_PATTERN
 
 GPT2 = regex.compile(BYTELEVEL_PATTERN)
@@ -126,6 +129,27 @@ def test_held_out_lines_match_llama_cpp_and_round_trip(smollm2, as_converted_bef
             assert ids == as_converted_before.encode(text).ids
 
 
+def test_the_conversion_gives_smollm2_the_pre_tokenizer_its_cached_tokenizer_has(smollm2, as_converted_before):
+    """The smollm splits come from the one declaration of llama.cpp's types (no second copy of the JSON), and give
+    what the converted cache holds: tokenizers' Sequence[Digits(individual_digits), ByteLevel(use_regex)]."""
+    redone = as_converted_before.__class__.from_str(as_converted_before.to_str())
+    match_llama_cpp(types.SimpleNamespace(backend_tokenizer=redone), "smollm")
+    assert json.loads(redone.to_str()) == json.loads(smollm2.backend_tokenizer.to_str())
+    assert llama.tokenizer_json_pre(llama.PRE_TYPES["smollm"]) == {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        ],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(llama.PRE_TYPES))
+def test_every_type_written_as_tokenizer_json_reads_back_as_its_regexes(name):
+    pre = llama.PRE_TYPES[name]
+    assert llama.split_regexes({"pre_tokenizer": llama.tokenizer_json_pre(pre)}) == pre.regexes
+
+
 def test_other_pre_types_are_left_as_transformers_converted_them(bytelevel_source_tokenizer):
     before = bytelevel_source_tokenizer.backend_tokenizer.to_str()
     match_llama_cpp(bytelevel_source_tokenizer, "qwen2")
@@ -145,6 +169,6 @@ def test_a_conversion_cached_before_the_digit_split_is_not_reused(tmp_path, monk
     (stale / "config.json").write_text("{}", encoding="utf-8")
     # stop where a conversion would start: reaching it proves the stale directory was passed over
     monkeypatch.setattr(models, "gguf_conversion_problem", lambda: "converting again")
-    with pytest.raises(models.ModelLoadError, match="converting again"):
+    with pytest.raises(ModelLoadError, match="converting again"):
         models.resolve("smollm2")
     assert models.converted_dir(stale.name) != stale

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import lm_eval
 import pytest
-from families import family_source_dir
 from lm_eval.tasks import TaskManager
 from tiny import lines, tiny_source_dir
 
@@ -23,6 +22,7 @@ from vocgraft.corpus import read_lines
 from vocgraft.eval import bits_per_byte
 from vocgraft.eval import lm_eval_task as lmt
 from vocgraft.eval.bpb import default_prefix_id
+from vocgraft.families import family_source_dir
 from vocgraft.models import load_model, load_tokenizer
 
 # float32 on both sides, the same windows and batches of a few rows: what is left is summation order

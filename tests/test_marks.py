@@ -9,11 +9,11 @@ import unicodedata
 from functools import cache
 
 import pytest
-from families import FAMILIES, SHARED_TOKENIZERS
 from tokenizers import Regex, Tokenizer, models
 from transformers import AutoTokenizer
 
 from vocgraft.corpus import SHARED_CORPORA, read_lines
+from vocgraft.families import FAMILIES, SHARED_TOKENIZERS
 from vocgraft.tokenization.marks import (
     BYTELEVEL_PATTERN,
     MIN_MARK_SHARE,

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from vocgraft import models as vm
+from vocgraft.checkpoint import ModelLoadError
 from vocgraft.outdir import publish_shared_dir
 
 
@@ -50,12 +51,12 @@ def test_hub_ids_take_the_directory_code_path(saved_dir):
     [("missing/dir/x.gguf", "does not exist"), ("./nowhere", "does not exist")],
 )
 def test_bad_model_specs_are_named(spec, message):
-    with pytest.raises(vm.ModelLoadError, match=message):
+    with pytest.raises(ModelLoadError, match=message):
         vm.resolve(spec)
 
 
 def test_folder_without_config_is_refused(tmp_path):
-    with pytest.raises(vm.ModelLoadError, match="without config.json"):
+    with pytest.raises(ModelLoadError, match="without config.json"):
         vm.resolve(tmp_path)
 
 

@@ -9,7 +9,7 @@ import torch
 from tiny import lines, tiny_bytelevel_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vocgraft.outdir import OutputExistsError
+from vocgraft.errors import OutputExistsError
 from vocgraft.tokenization.train import save_tokenizer
 from vocgraft.train.data import TrainingError, pack_tokens
 from vocgraft.train.plm import plm_train_main, save_plm, train_small_plm

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from reliability_world import build_world, snapshot, write_config
@@ -91,7 +92,8 @@ def test_an_output_path_that_is_an_input_is_refused_before_any_work(world, tmp_p
 
 def test_a_json_symlink_is_written_through_and_someone_elses_file_is_refused(world, tmp_path, capsys):
     """A --json that is a link was replaced by a regular file; now the link stays and its target gets the result.
-    A link to something that is not a file, or an existing file that is not JSON, is refused."""
+    A link to a device is a stream, written through and never replaced by a file; a link to a folder, or an existing
+    file that is not JSON, is refused."""
     target = tmp_path / "results" / "eval.json"
     target.parent.mkdir()
     target.write_text('{"earlier": true}\n')
@@ -106,7 +108,13 @@ def test_a_json_symlink_is_written_through_and_someone_elses_file_is_refused(wor
     device_link = tmp_path / "null.json"
     device_link.symlink_to("/dev/null")
     code, err = run(EVAL, capsys, w=world, text=world / "heldout-el.txt", json=device_link)
-    assert code == 2 and "not a regular file" in one_error(err) and device_link.is_symlink()
+    assert code == 0, err
+    assert device_link.is_symlink() and Path("/dev/null").is_char_device()  # written through, not replaced
+
+    folder_link = tmp_path / "folder.json"
+    folder_link.symlink_to(target.parent)
+    code, err = run(EVAL, capsys, w=world, text=world / "heldout-el.txt", json=folder_link)
+    assert code == 2 and "is a directory" in one_error(err) and folder_link.is_symlink()
 
     notes = tmp_path / "notes.txt"
     notes.write_text("not a result\n")

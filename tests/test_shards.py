@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import SHARED_TOKENIZERS, family_source_dir
 from safetensors import safe_open
 from tiny import lines, tiny_bytelevel_tokenizer, tiny_llama
 from transformers import AutoModelForCausalLM
 
 import vocgraft.shards as shards
+from vocgraft.checkpoint import checkpoint_tensors
 from vocgraft.cli import main
-from vocgraft.devices import checkpoint_tensors
+from vocgraft.families import SHARED_TOKENIZERS, family_source_dir
 from vocgraft.recipes.expand import expand_model
 from vocgraft.recipes.replace import replace_model
 

@@ -11,7 +11,6 @@ import random
 from collections import defaultdict
 
 import pytest
-from families import FAMILIES, LARGE, SHARED_TOKENIZERS
 from llama_cpp_spm import SpmTokenizer
 from tiny import lines
 from transformers import AutoTokenizer
@@ -19,6 +18,7 @@ from transformers import AutoTokenizer
 from vocgraft.corpus import read_lines
 from vocgraft.export import sentencepiece as sp
 from vocgraft.export.mismatch import chunks
+from vocgraft.families import FAMILIES, LARGE, SHARED_TOKENIZERS
 from vocgraft.tokenization import expand_tokenizer, parse_merges, train_tokenizer
 from vocgraft.tokenization.expand import SENTENCEPIECE, bpe_family
 from vocgraft.tokenization.sp_bpe import SentencePieceBPE

@@ -14,7 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from vocgraft.outdir import MANIFEST, OutputExistsError
+from vocgraft.errors import OutputExistsError
+from vocgraft.outdir import MANIFEST
 from vocgraft.plan import VocabPlan
 from vocgraft.surgery import SurgeryError, graft, mean_resizing_baseline, save_model_dir
 

@@ -9,7 +9,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from vocgraft.corpus import SHARED_CORPORA as CORPORA
 from vocgraft.corpus import read_lines
-from vocgraft.outdir import MANIFEST, OutputExistsError
+from vocgraft.errors import OutputExistsError
+from vocgraft.outdir import MANIFEST
 from vocgraft.tokenization import TOKENIZER_KINDS, save_tokenizer, sentencepiece_model_bytes, train_tokenizer
 from vocgraft.tokenization.train import SENTENCEPIECE_FILE, sentencepiece_roles
 
@@ -223,8 +224,9 @@ def test_sp_source_fixture_is_llama2_like(sp_source_tokenizer):
 
 
 def real(family: str):
-    from families import SHARED_TOKENIZERS
     from transformers import AutoTokenizer
+
+    from vocgraft.families import SHARED_TOKENIZERS
 
     return AutoTokenizer.from_pretrained(SHARED_TOKENIZERS / family)
 
@@ -276,10 +278,10 @@ def test_a_replacing_tokenizer_keeps_the_sources_ignore_merges(family, greek_lin
     """Llama-3 keeps a pre-token that is a vocabulary entry whole (ignore_merges), as llama.cpp's llama-bpe type
     does: the tokenizer trained to replace it keeps that too (then llama.cpp runs it exactly); an auxiliary
     tokenizer of an expansion stays as trained, and a source without the flag gives a target without it."""
-    from families import SHARED_TOKENIZERS
     from transformers import AutoTokenizer
 
     from vocgraft.export.tokenizer import choose
+    from vocgraft.families import SHARED_TOKENIZERS
     from vocgraft.recipes.replace import target_tokenizer_for
     from vocgraft.tokenization.spec import tokenizer_spec
 

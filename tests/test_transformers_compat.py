@@ -27,12 +27,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from families import family_info, family_source_dir
 from tiny import lines
 
 import vocgraft
+from vocgraft.checkpoint import ModelLoadError
 from vocgraft.cli import main
 from vocgraft.corpus import SHARED_CORPORA
+from vocgraft.families import family_info, family_source_dir
 
 # pins: tokenizers as each transformers requires (0.20 is the first that reads merges stored as pairs, which every
 # tokenizer.json we write has); huggingface_hub < 1 as 4.x requires
@@ -222,7 +223,7 @@ def test_gguf_conversion_under_an_older_transformers_is_a_clear_error(tmp_path, 
 
     monkeypatch.setenv("VOCGRAFT_CACHE", str(tmp_path))
     monkeypatch.setattr(compat, "transformers_version", lambda: OLDEST_RUN_VERSION)
-    with pytest.raises(models.ModelLoadError, match=r"needs transformers >= 5\.18.*Hugging Face model directory"):
+    with pytest.raises(ModelLoadError, match=r"needs transformers >= 5\.18.*Hugging Face model directory"):
         models.resolve("smollm2")
     converted = models.converted_dir(models.file_sha256(models.alias_path("smollm2")))
     converted.mkdir(parents=True)

@@ -368,7 +368,7 @@ def test_vocadt_cli_trains_only_adapters_on_a_corpus_mix_and_saves_a_plain_model
 
 def test_vocadt_of_a_bfloat16_source_on_a_cpu_without_bf16_trains_in_float32_and_saves_bfloat16(tiny_source, tmp_path):
     from vocgraft import devices
-    from vocgraft.devices import checkpoint_tensors
+    from vocgraft.checkpoint import checkpoint_tensors
 
     source = tmp_path / "bf16"
     AutoModelForCausalLM.from_pretrained(tiny_source / "source").to(torch.bfloat16).save_pretrained(source)

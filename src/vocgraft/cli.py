@@ -9,12 +9,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from vocgraft.corpus import (
-    SHARED_CORPORA,  # noqa: F401  (benchmarks import it from here too)
-    CorpusError,
-)
+from vocgraft.corpus import SHARED_CORPORA, CorpusError
 from vocgraft.models import DEFAULT_MODEL
-from vocgraft.outdir import write_json  # noqa: F401  (benchmarks and scripts import it from here too)
+from vocgraft.outdir import write_json
 
 # adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
 # loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
@@ -58,11 +55,12 @@ def cmd_eval(args) -> None:
         dtype=args.dtype,
         device=args.device,
     )
-    print(eval_markdown(result, name=Path(args.model).name or args.model))  # first: a failed write loses nothing
+    # first: a failed write loses nothing; on stderr when the JSON goes to stdout (`--json - | jq`)
+    print(eval_markdown(result, name=Path(args.model).name or args.model), file=report_stream(args))
     for message in result_warnings(result, args.text):
         warn("eval", message)
     if args.json:
-        write_json(args.json, finite_json(result))  # warned about above
+        write_json(args.json, finite_json(result), flag="--json")  # warned about above
 
 
 def cmd_lm_eval_task(args) -> None:
@@ -186,6 +184,13 @@ def parse_scripts(value: str):
 
 def warn(command: str, message: str) -> None:
     print(f"vocgraft {command}: warning: {message}", file=sys.stderr)
+
+
+def report_stream(args):
+    """Where a command's Markdown report goes: stdout, unless ``--json`` sends the JSON there."""
+    from vocgraft.outdir import is_stdout
+
+    return sys.stderr if getattr(args, "json", None) and is_stdout(args.json) else sys.stdout
 
 
 def check_corpus_scripts(scripts, lines: list[str], corpus: str) -> None:
@@ -472,9 +477,9 @@ def cmd_downstream(args) -> None:
         )
     models = [args.model, *([args.baseline] if args.baseline else [])]
     results = [evaluate_downstream(m, spec, dtype=args.dtype, device=args.device) for m in models]
-    print(markdown_summary(results))
+    print(markdown_summary(results), file=report_stream(args))
     if args.json:
-        write_json(args.json, {"lang": args.lang, "results": results})
+        write_json(args.json, {"lang": args.lang, "results": results}, flag="--json")
 
 
 def cmd_export_gguf(args) -> None:
@@ -763,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=512, help="context window for bits/byte (longer lines: strided)")
     p.add_argument("--batch-size", type=int, default=8, help="batch budget = batch size x max length tokens")
     p.add_argument("--no-bpb", action="store_true", help="token counts only; skip the model forward passes")
-    p.add_argument("--json", help="also write the full result as JSON to this path")
+    p.add_argument("--json", help="also write the full result as JSON to this path (- for stdout)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
@@ -895,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mt-template", help="default: 'Translate {source_language} to {target_language}: {source} ='")
     p.add_argument("--task", action="append", help="TASK=FILE with TASK nli, sum or span (JSONL); repeatable")
     p.add_argument("--templates", help="JSON {task: template, 'nli_labels': [...]} overriding the shipped ones")
-    p.add_argument("--json", help="also write everything (with every MT hypothesis) to this JSON file")
+    p.add_argument("--json", help="also write everything (every MT hypothesis too) to this JSON file (- for stdout)")
     add_device_args(p)
     p.set_defaults(func=cmd_downstream)
 

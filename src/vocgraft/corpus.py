@@ -20,6 +20,8 @@ import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from vocgraft.errors import UserError
+
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # a longer line is refused, naming its number: read in bounded pieces, so a file without line breaks (a dump, a
 # binary) never fills memory; a document longer than this belongs on several lines
@@ -31,7 +33,7 @@ MAX_LINE_BYTES = 1 << 20
 SHARED_CORPORA = Path(os.environ.get("VOCGRAFT_CORPORA") or Path(__file__).resolve().parents[3] / "shared" / "corpora")
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """Bad corpus input; the message names the input and what to do."""
 
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from vocgraft.errors import UserError
+
 # what each errno is called in the message
 DISK_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
 _BY_TEXT = {os.strerror(code).lower(): code for code in DISK_ERRNOS}
@@ -24,7 +26,7 @@ _OS_ERROR = re.compile(r"os error (\d+)")
 _SHORT_WRITE = ("unexpected pos", "failed writing")
 
 
-class DiskError(Exception):
+class DiskError(UserError):
     """A write failed because the filesystem is full, over quota or read-only; the message says what to do."""
 
 
@@ -112,6 +114,19 @@ def disk_error(
     where = "within your quota on" if code == errno.EDQUOT else "on"
     return DiskError(
         f"{DISK_ERRNOS[code]} writing {what} {path}: free space {where} {mount} ({left}{wanted}), then {then}."
+    )
+
+
+def output_disk_error(exc: BaseException, flag: str, path: str | os.PathLike) -> DiskError | None:
+    """A :class:`DiskError` naming ``flag`` and its ``path`` for a small output (a ``--json`` result) that a full,
+    over-quota or read-only disk kept from being written, else None: the way out is another place for it."""
+    code = disk_errno(exc)
+    if code is None:
+        return None
+    fix = "make it writable" if code == errno.EROFS else "free space there"
+    return DiskError(
+        f"{flag} {path}: {DISK_ERRNOS[code]} on {mount_point(path)} while writing it; choose another {flag} on a "
+        f"disk with room, or {fix} and run again."
     )
 
 

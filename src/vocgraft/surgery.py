@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from vocgraft.errors import UserError
 from vocgraft.outdir import atomic_output_dir, check_writable, json_text, write_manifest
 from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import save_portable
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-class SurgeryError(ValueError):
+class SurgeryError(UserError, ValueError):
     """The plan, the rows and the model do not fit together."""
 
 

@@ -73,7 +73,7 @@ def default_prefix_id(tokenizer) -> int:
     for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
         if token_id is not None:
             return token_id
-    from vocgraft.models import ModelLoadError  # the user's model, not a bug: one line, exit 2
+    from vocgraft.checkpoint import ModelLoadError  # the user's model, not a bug: one line, exit 2
 
     raise ModelLoadError(
         "the model's tokenizer has neither a BOS nor an EOS token, and bits/byte starts every line with one; set "

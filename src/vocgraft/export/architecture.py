@@ -169,7 +169,7 @@ def source_tensors(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     """Every tensor of a model directory's safetensors files: name -> (file, shape)."""
     from safetensors import safe_open
 
-    from vocgraft.devices import safetensors_files
+    from vocgraft.checkpoint import safetensors_files
 
     found: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in safetensors_files(folder):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from vocgraft.errors import UserError
 
-class ExportError(ValueError):
+
+class ExportError(UserError, ValueError):
     """An input the export cannot turn into a file the engine runs as vocgraft does; the message says why and what
     to do (the CLI prints it as one line)."""
 

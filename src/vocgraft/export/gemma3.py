@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vocgraft.gguf_gemma3 import query_scalar
+
 ARCH = "gemma3"
 NORM_OFFSET = 1.0
 PATTERN = 6  # llama.cpp: hparams.set_swa_pattern(6)
@@ -49,13 +51,6 @@ def rope(config: Any) -> tuple[dict, dict]:
         part["rope_type"] = part.get("rope_type", part.get("type", "default"))
     sliding.setdefault("rope_theta", SLIDING_THETA)
     return full, sliding
-
-
-def query_scalar(config: Any, head_dim: int) -> float:
-    """What llama.cpp divides the queries by the square root of."""
-    if config.num_hidden_layers == 62:  # the 27B (LLM_TYPE_27B)
-        return config.hidden_size / config.num_attention_heads
-    return float(head_dim)
 
 
 def problem(config: Any, head_dim: int) -> str | None:

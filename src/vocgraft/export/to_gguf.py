@@ -88,7 +88,8 @@ def is_vocgraft_gguf(path: Path) -> bool:
 def check_output_file(out: str | Path, overwrite: bool) -> Path:
     """``--out``: a file name (not a folder); an existing file only with ``--overwrite``, and only one vocgraft
     wrote."""
-    from vocgraft.outdir import OutputExistsError, check_output_path, write_through
+    from vocgraft.errors import OutputExistsError
+    from vocgraft.outdir import check_output_path, write_through
 
     out = Path(out)
     if out.suffix != ".gguf":
@@ -110,7 +111,8 @@ def check_output_file(out: str | Path, overwrite: bool) -> Path:
 
 
 def _model_dir(model: str | Path) -> Path:
-    from vocgraft.models import ModelLoadError, resolve
+    from vocgraft.checkpoint import ModelLoadError
+    from vocgraft.models import resolve
 
     where = Path(resolve(model))
     if not where.is_dir():

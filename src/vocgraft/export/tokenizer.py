@@ -1,12 +1,12 @@
 """The tokenizer part of a GGUF file, from what vocgraft knows about the tokenizer it built.
 
 :func:`choose` reads the tokenizer.json and decides how llama.cpp can run it: ``tokenizer.ggml.model`` ``gpt2``
-(byte-level BPE, with a ``tokenizer.ggml.pre`` type: :mod:`.llama_cpp_types`) or ``llama`` (SentencePiece-style
-BPE with byte fallback, scores instead of merges: :mod:`.sentencepiece`). It says whether llama.cpp will produce
-exactly the tokenizer's ids (by comparing the pipeline step by step, not by hashing a check text), and if not, why,
-and what llama.cpp would do instead (a tokenizer.json emulating it, for :mod:`.mismatch`). A difference the
-source model's own tokenizer has with llama.cpp, and vocgraft copies unchanged (Llama-2/Mistral's Metaspace
-layout), is kept apart as ``inherited``: exported with a warning, not refused.
+(byte-level BPE, with a ``tokenizer.ggml.pre`` type: :mod:`vocgraft.tokenization.llama_cpp_types`) or ``llama``
+(SentencePiece-style BPE with byte fallback, scores instead of merges: :mod:`.sentencepiece`). It says whether
+llama.cpp will produce exactly the tokenizer's ids (by comparing the pipeline step by step, not by hashing a check
+text), and if not, why, and what llama.cpp would do instead (a tokenizer.json emulating it, for :mod:`.mismatch`).
+A difference the source model's own tokenizer has with llama.cpp, and vocgraft copies unchanged (Llama-2/Mistral's
+Metaspace layout), is kept apart as ``inherited``: exported with a warning, not refused.
 
 :func:`vocabulary` gives the metadata: tokens (one per embedding row, ``[PAD<id>]`` for rows no token has),
 token types, scores or merges, special ids, add_bos/add_eos, chat template.
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vocgraft.export import llama_cpp_types as types
 from vocgraft.export import sentencepiece as sp
 from vocgraft.export.errors import ExportError
+from vocgraft.tokenization import llama_cpp_types as types
 from vocgraft.tokenization.spec import family_of_spec, is_bytelevel
 
 SPM_PRE = "default"  # tokenizer.ggml.pre of a SentencePiece vocabulary (llama.cpp reads none for it)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from vocgraft.errors import UserError
 from vocgraft.plan import VocabPlan
 
 SPACES = ("input", "head")
@@ -161,7 +162,7 @@ InitMethod = Callable[[torch.Tensor, InitContext], torch.Tensor]
 METHODS: dict[str, Method] = {}
 
 
-class MethodInputError(ValueError):
+class MethodInputError(UserError, ValueError):
     """A method was asked for without an input it needs, or with a setting it does not have."""
 
 

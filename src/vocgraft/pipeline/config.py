@@ -30,6 +30,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from vocgraft.errors import UserError
+
 REQUIRED = object()
 PIPELINE_RECIPE = "quick"  # the train section's recipe when it names none
 
@@ -110,7 +112,7 @@ PLACED_SECTIONS = ("adapt", "train", "eval")  # sections that may override the t
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A pipeline config that cannot run; the message names the file and key."""
 
 
@@ -247,7 +249,8 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
         if key.startswith("eval.") and not Path(value).is_file():  # read whole as a file, after the other stages
             raise ConfigError(f"{source}: {key} {value!r} is not a file; give the path of its file.")
     from vocgraft.corpus import CorpusError
-    from vocgraft.outdir import OutputExistsError, check_output_path
+    from vocgraft.errors import OutputExistsError
+    from vocgraft.outdir import check_output_path
     from vocgraft.ownership import check_run_folder
     from vocgraft.preflight import check_text_file
 

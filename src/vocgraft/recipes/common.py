@@ -63,8 +63,9 @@ def open_source(
     method needs no forward pass and the source is a local safetensors directory whose tensors match the model's;
     otherwise the model loaded whole in ``dtype`` on ``device``. ``surgery`` forces a path ("shards" refuses
     when it cannot be taken)."""
+    from vocgraft.checkpoint import ModelLoadError
     from vocgraft.devices import resolve_device
-    from vocgraft.models import ModelLoadError, check_tokenizer_fits, load_model, load_tokenizer, resolve
+    from vocgraft.models import check_tokenizer_fits, load_model, load_tokenizer, resolve
 
     if surgery not in SURGERY_PATHS:
         raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")

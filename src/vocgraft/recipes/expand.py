@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocgraft.errors import UserError
 from vocgraft.init import method_options
 from vocgraft.models import load_tokenizer
 from vocgraft.outdir import check_writable
@@ -33,7 +34,7 @@ from vocgraft.tokenization.spec import tokenizer_family
 AUX_KIND_FOR = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe"}
 
 
-class ExpandError(ValueError):
+class ExpandError(UserError, ValueError):
     """An expansion that cannot be done as asked; the message says what to change."""
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.compat import add_extra_special_tokens
+from vocgraft.errors import UserError
 from vocgraft.init import method_options
 from vocgraft.models import load_tokenizer
 from vocgraft.outdir import check_writable
@@ -34,7 +35,7 @@ ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
 KIND_LIKE_SOURCE = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe", "unigram": "sp-unigram"}
 
 
-class ReplaceError(ValueError):
+class ReplaceError(UserError, ValueError):
     """A replacement that cannot be done as asked; the message says what to change."""
 
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models
 
+from vocgraft.errors import UserError
 from vocgraft.tokenization.spec import is_bytelevel
 
 KEEP_MARKS_SETTINGS = ("auto", "on", "off")
@@ -68,7 +69,7 @@ _LETTER_PROPERTY = re.compile(r"\\(?:p\{\s*(\^?)\s*(?:L|Letter)\s*\}|pL|P\{\s*(?
 _MARK_PROPERTY = re.compile(r"\\(?:p\{\s*(?:M|Mark|Combining_Mark|Mn|Mc|Me)\s*\}|pM)", re.IGNORECASE)
 
 
-class MarksError(ValueError):
+class MarksError(UserError, ValueError):
     """A --keep-marks request that cannot be carried out; the message says what to do."""
 
 

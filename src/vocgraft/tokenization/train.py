@@ -36,12 +36,13 @@ from tokenizers import (
 )
 from transformers import PreTrainedTokenizerFast
 
+from vocgraft.errors import UserError
 from vocgraft.outdir import atomic_output_dir, write_manifest
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import is_bytelevel, tokenizer_spec
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot be trained as asked (size, corpus, ``like``); the message says what to change."""
 
 

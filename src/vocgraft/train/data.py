@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from vocgraft.errors import UserError
 
-class TrainingError(ValueError):
+
+class TrainingError(UserError, ValueError):
     """Training cannot run as asked; the message names the input to change."""
 
 

@@ -733,7 +733,8 @@ def _accelerator(config: TrainConfig, prepared: PreparedModel | None):
     is loaded."""
     from accelerate import Accelerator
 
-    from vocgraft.devices import choose_dtype, resolve_device, stored_dtype
+    from vocgraft.checkpoint import stored_dtype
+    from vocgraft.devices import choose_dtype, resolve_device
     from vocgraft.models import dtype_choice_of, resolve
 
     launched = "LOCAL_RANK" in os.environ  # accelerate launch / torchrun: the launcher assigns each process its GPU

@@ -1,4 +1,5 @@
-"""llama.cpp's byte-level BPE pre-tokenizer types (``tokenizer.ggml.pre``), and which one a tokenizer.json is.
+"""llama.cpp's byte-level BPE pre-tokenizer types (``tokenizer.ggml.pre``): which one a tokenizer.json is (for
+writing a GGUF file), and the pre-tokenizer a tokenizer converted from a GGUF file must get (for reading one).
 
 GGUF cannot carry a split regex: a file names a type, and llama.cpp runs the regex list it has for that type
 (``llm_tokenizer_bpe``'s constructor in src/llama-vocab.cpp of llama.cpp as vendored by llama-cpp-python 0.3.36; the
@@ -17,11 +18,23 @@ The regexes are written in tokenizers' (Oniguruma) syntax. Where llama.cpp's sou
 group ``(?i:'s|...)`` as ``(?:'[sS]|...)`` (its "adapted" form, same matches) the tokenizer.json form is kept, since
 that is what we compare with. ``gpt-2`` is written ``...|\\s+(?!\\S)`` in llama-vocab.cpp, but the regex is run by
 ``unicode_regex_split_custom_gpt2``, which implements the full GPT-2 pattern with the final ``|\\s+``.
+
+Reading: transformers' GGUF conversion (5.24) knows the split regexes of llama3, qwen2, tekken, gpt-4o and a few
+more; for any other type it gives plain GPT-2 byte-level splitting, and :func:`match_llama_cpp` gives such a
+tokenizer its type's splits back (:attr:`PreType.transformers_splits`). ``smollm`` (the label llama.cpp's
+convert_hf_to_gguf.py gives SmolLM's tokenizer, and what the packaged SmolLM2 GGUF carries) first isolates every
+``\\p{N}`` character, then applies the GPT-2 regex to each stretch between them: in tokenizers' terms
+``Sequence[Digits(individual_digits), ByteLevel(use_regex)]``, the SmolLM/StarCoder tokenizer.json pre-tokenizer.
+SmolLM2's vocabulary has no token with two digits either way; what the digit split changes is the whitespace run
+before a digit, which GPT-2's ``\\s+(?!\\S)`` cuts one character short: without it "\\n\\n1." is ``Ċ Ċ 1 .``
+where llama.cpp gives ``ĊĊ 1 .`` (2 of 200 English held-out paragraphs of 5 lines differ), and a tokenizer trained
+with the source's pre-tokenizer (replace) learns multi-digit tokens SmolLM2 never had.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vocgraft.tokenization.marks import BYTELEVEL_PATTERN
@@ -48,6 +61,8 @@ class PreType:
     # other spellings of the regex list that split every text the same way (see QWEN35 below)
     equivalent: tuple[tuple[str, ...], ...] = ()
     what: str = ""
+    # False: transformers' GGUF conversion splits this type as GPT-2 does (match_llama_cpp puts its splits back)
+    transformers_splits: bool = True
 
     def matches(self, regexes: tuple[str, ...]) -> bool:
         return regexes == self.regexes or regexes in self.equivalent
@@ -73,6 +88,7 @@ PRE_TYPES: dict[str, PreType] = {
             (DIGIT_REGEX, GPT2_REGEX),
             same_as=("starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"),
             what="every digit alone, then GPT-2's regex (SmolLM, StarCoder)",
+            transformers_splits=False,
         ),
         PreType(
             "llama-bpe",
@@ -167,3 +183,42 @@ def emulation_spec(spec: dict, pre: PreType) -> dict:
     steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False})
     model = dict(spec["model"], ignore_merges=pre.ignore_merges)
     return dict(spec, normalizer=None, pre_tokenizer={"type": "Sequence", "pretokenizers": steps}, model=model)
+
+
+def tokenizer_json_pre(pre: PreType) -> dict:
+    """The tokenizer.json pre-tokenizer that splits as llama.cpp's ``pre`` type, as Hugging Face tokenizers write
+    it: a digit split is ``Digits(individual_digits)``, a final GPT-2 regex is ``ByteLevel(use_regex)``, any other
+    regex an isolating ``Split`` (:func:`split_regexes` reads it back to ``pre.regexes``)."""
+    regexes = list(pre.regexes)
+    use_regex = bool(regexes) and regexes[-1] == GPT2_REGEX
+    if use_regex:
+        regexes.pop()
+    steps: list[dict] = [
+        {"type": "Digits", "individual_digits": True}
+        if regex == DIGIT_REGEX
+        else {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+        for regex in regexes
+    ]
+    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex})
+    return steps[0] if len(steps) == 1 else {"type": "Sequence", "pretokenizers": steps}
+
+
+def gguf_pre_type(gguf_path: str | Path) -> str | None:
+    """The file's ``tokenizer.ggml.pre`` string, or None when it has none."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.pre")
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def match_llama_cpp(tokenizer, pre_type: str | None):
+    """Give a tokenizer converted from a GGUF file the pre-tokenizer llama.cpp uses for ``pre_type`` (in place;
+    returned). Types transformers already converts right are left as they are."""
+    from vocgraft.tokenization.train import _component
+
+    pre = PRE_TYPES.get(pre_type or "")
+    if pre is not None and not pre.transformers_splits:
+        tokenizer.backend_tokenizer.pre_tokenizer = _component("pre_tokenizer", tokenizer_json_pre(pre))
+    return tokenizer

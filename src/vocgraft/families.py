@@ -1,10 +1,12 @@
 """Source models of the real tokenizer families users bring: the tokenizers in ``../shared/tokenizers`` (one folder
 per family, with ``source-model.json``) wrapped in a tiny random causal LM with that family's embedding shape.
 
-    from families import FAMILIES, family_source_dir
+    from vocgraft.families import FAMILIES, family_source_dir
     source = family_source_dir("neox", tmp_path_factory.mktemp("neox"))  # a directory from_pretrained loads
 
-New folders in ``../shared/tokenizers`` join ``FAMILIES`` automatically.
+New folders in ``../shared/tokenizers`` join ``FAMILIES`` automatically (none where that folder is absent;
+``VOCGRAFT_TOKENIZERS`` points elsewhere). The tests' family matrix and the benchmarks both build their models here,
+so it is part of the package rather than of tests/.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 SHARED_TOKENIZERS = Path(
-    os.environ.get("VOCGRAFT_TOKENIZERS") or Path(__file__).resolve().parents[2] / "shared" / "tokenizers"
+    os.environ.get("VOCGRAFT_TOKENIZERS") or Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
 )
-FAMILIES = sorted(p.name for p in SHARED_TOKENIZERS.iterdir() if (p / "source-model.json").is_file())
+_FOLDERS = SHARED_TOKENIZERS.iterdir() if SHARED_TOKENIZERS.is_dir() else ()
+FAMILIES = sorted(p.name for p in _FOLDERS if (p / "source-model.json").is_file())
 LARGE = {"gemma4"}  # vocabularies of 256K+: marked slow where a test builds many models around them
 
 
