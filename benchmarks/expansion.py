@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import new_report  # noqa: E402
 from peak_memory import PeakRSS  # noqa: E402
 
-from vocgraft.cli import SHARED_CORPORA, expansion_summary, write_json  # noqa: E402
+from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
 from vocgraft.corpus import read_lines  # noqa: E402
 from vocgraft.eval import bits_per_byte, encode_lines  # noqa: E402
 from vocgraft.init import METHODS as REGISTRY  # noqa: E402
@@ -35,6 +35,7 @@ from vocgraft.models import load_model  # noqa: E402
 from vocgraft.plan import VocabPlan, raw_tokens  # noqa: E402
 from vocgraft.recipes.common import method_stats  # noqa: E402
 from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
+from vocgraft.recipes.expansion_checks import expansion_summary  # noqa: E402
 from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.surgery import graft, mean_resizing_baseline  # noqa: E402
 from vocgraft.tokenization import expand_tokenizer  # noqa: E402

@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import new_report  # noqa: E402
 from expansion import english_changed_share  # noqa: E402
 
-from vocgraft.cli import SHARED_CORPORA, expansion_summary, write_json  # noqa: E402
+from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
 from vocgraft.corpus import read_lines  # noqa: E402
 from vocgraft.eval import bits_per_byte, encode_lines  # noqa: E402
 from vocgraft.models import load_model  # noqa: E402
 from vocgraft.recipes.expand import expand_loaded, train_aux_tokenizer  # noqa: E402
+from vocgraft.recipes.expansion_checks import expansion_summary  # noqa: E402
 from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import expand_tokenizer  # noqa: E402
 from vocgraft.tokenization.marks import choose_keep_marks, mark_share, split_patterns, with_marks  # noqa: E402

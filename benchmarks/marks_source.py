@@ -23,10 +23,11 @@ from common import new_report  # noqa: E402
 from expansion import english_changed_share  # noqa: E402
 from marks import source_change  # noqa: E402
 
-from vocgraft.cli import SHARED_CORPORA, expansion_summary, write_json  # noqa: E402
+from vocgraft.cli import SHARED_CORPORA, write_json  # noqa: E402
 from vocgraft.corpus import read_lines  # noqa: E402
 from vocgraft.models import load_tokenizer  # noqa: E402
 from vocgraft.recipes.expand import train_aux_tokenizer  # noqa: E402
+from vocgraft.recipes.expansion_checks import expansion_summary  # noqa: E402
 from vocgraft.report import markdown_table  # noqa: E402
 from vocgraft.tokenization import expand_tokenizer  # noqa: E402
 from vocgraft.tokenization.marks import (  # noqa: E402

@@ -236,6 +236,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
     from vocgraft.pipeline.config import method_args, placement
     from vocgraft.recipes.expand import expand_model
     from vocgraft.recipes.replace import replace_model
+    from vocgraft.tokenization.scripts import parse_scripts
 
     adapt = config["adapt"]
     device, dtype = placement(config, "adapt")
@@ -254,9 +255,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
     protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
-    scripts = {"auto": "auto", "any": None}.get(
-        adapt["scripts"], [x.strip().upper() for x in adapt["scripts"].split(",")]
-    )
+    scripts = parse_scripts(adapt["scripts"])
     _, result = expand_model(
         config["model"],
         lines,
