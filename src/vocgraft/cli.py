@@ -42,9 +42,8 @@ def cmd_methods(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from vocgraft.eval.files import result_warnings, run_eval
+    from vocgraft.eval.files import eval_markdown, result_warnings, run_eval
     from vocgraft.outdir import finite_json
-    from vocgraft.report import eval_markdown
 
     result = run_eval(
         args.model,
