@@ -24,7 +24,6 @@ from pathlib import Path
 from common import new_report
 from peak_memory import PeakRSS
 
-from vocgraft.cli import expansion_summary
 from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import bits_per_byte, encode_lines
 from vocgraft.init import METHODS as REGISTRY
@@ -34,6 +33,7 @@ from vocgraft.outdir import write_json
 from vocgraft.plan import VocabPlan, raw_tokens
 from vocgraft.recipes.common import method_stats
 from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.recipes.expansion_checks import expansion_summary
 from vocgraft.report import markdown_table
 from vocgraft.surgery import graft, mean_resizing_baseline
 from vocgraft.tokenization import expand_tokenizer

@@ -22,12 +22,12 @@ from pathlib import Path
 from common import new_report
 from expansion import english_changed_share
 
-from vocgraft.cli import expansion_summary
 from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.eval import bits_per_byte, encode_lines
 from vocgraft.models import load_model
 from vocgraft.outdir import write_json
 from vocgraft.recipes.expand import expand_loaded, train_aux_tokenizer
+from vocgraft.recipes.expansion_checks import expansion_summary
 from vocgraft.report import markdown_table
 from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.marks import choose_keep_marks, mark_share, split_patterns, with_marks

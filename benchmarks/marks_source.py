@@ -21,11 +21,11 @@ from common import new_report
 from expansion import english_changed_share
 from marks import source_change
 
-from vocgraft.cli import expansion_summary
 from vocgraft.corpus import SHARED_CORPORA, read_lines
 from vocgraft.models import load_tokenizer
 from vocgraft.outdir import write_json
 from vocgraft.recipes.expand import train_aux_tokenizer
+from vocgraft.recipes.expansion_checks import expansion_summary
 from vocgraft.report import markdown_table
 from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.marks import (

@@ -39,9 +39,8 @@ def cmd_methods(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from vocgraft.eval.files import result_warnings, run_eval
+    from vocgraft.eval.files import eval_markdown, result_warnings, run_eval
     from vocgraft.outdir import finite_json
-    from vocgraft.report import eval_markdown
 
     result = run_eval(
         args.model,
@@ -158,30 +157,6 @@ def like_marks(setting: str, kind: str, like, lines):
     return None
 
 
-def expansion_summary(source_tokenizer, tokenizer, new_ids, lines, rows: int | None = None) -> dict:
-    """Tokens/line before and after, speedup proxy, the share of new tokens that the text actually uses, and
-    whether the text round-trips exactly (and, given the model's ``rows``, whether every id it uses has a row)."""
-    from vocgraft.eval import encode_lines, fertility, speedup
-    from vocgraft.eval.fertility import new_tokens_used_share
-
-    before, after = encode_lines(source_tokenizer, lines), encode_lines(tokenizer, lines)
-    source, target = fertility(before, lines), fertility(after, lines)
-    return {
-        "lines": len(lines),
-        "tokens_per_line_before": source["tokens_per_line_mean"],
-        "tokens_per_line_after": target["tokens_per_line_mean"],
-        "speedup": speedup(source["tokens_per_line_mean"], target["tokens_per_line_mean"]),
-        "new_tokens_used_share": new_tokens_used_share(after, new_ids),
-        "roundtrip_exact": all(tokenizer.decode(ids) == line for ids, line in zip(after, lines)),
-    } | ({"ids_have_rows": all(max(ids, default=-1) < rows for ids in after)} if rows is not None else {})
-
-
-def parse_scripts(value: str):
-    if value in ("auto", "any"):
-        return None if value == "any" else "auto"
-    return [name.strip().upper() for name in value.split(",") if name.strip()]
-
-
 def warn(command: str, message: str) -> None:
     print(f"vocgraft {command}: warning: {message}", file=sys.stderr)
 
@@ -193,52 +168,11 @@ def report_stream(args):
     return sys.stderr if getattr(args, "json", None) and is_stdout(args.json) else sys.stdout
 
 
-def check_corpus_scripts(scripts, lines: list[str], corpus: str) -> None:
-    """``--scripts`` names a script the corpus has letters of (else no token could ever be added)."""
-    from vocgraft.recipes.expand import ExpandError
-    from vocgraft.tokenization.scripts import describe_shares, script_shares
-
-    if not isinstance(scripts, list):
-        return
-    shares = script_shares(lines)
-    if not any(name in shares for name in scripts):
-        raise ExpandError(
-            f"--scripts {','.join(scripts)}: the corpus {corpus} has no letters of it (its scripts: "
-            f"{describe_shares(shares)}); give the corpus of that language, or --scripts auto."
-        )
-
-
-def check_heldout_scripts(corpus_lines: list[str], heldout_lines: list[str], corpus: str, heldout: str) -> None:
-    """Warn when the held-out text is written in other scripts than the corpus: its numbers say nothing about
-    the new tokens (an English corpus measured on Greek text, a Greek one on Japanese)."""
-    from vocgraft.tokenization.scripts import describe_shares, dominant_scripts, script_shares
-
-    ours, theirs = dominant_scripts(corpus_lines), dominant_scripts(heldout_lines)
-    if ours and theirs and not ours & theirs:
-        warn(
-            "expand",
-            f"--heldout {heldout} is in {describe_shares(script_shares(heldout_lines))} but --corpus {corpus} is "
-            f"in {describe_shares(script_shares(corpus_lines))}: the held-out numbers cannot show what the new "
-            "tokens do; give held-out text of the corpus's language.",
-        )
-
-
-def explain_zero_tokens(added: dict) -> str:
-    """Why an expansion added nothing, from what it skipped."""
-    from vocgraft.tokenization.expand import SKIP_REASONS
-
-    if not added["skipped_reasons"]:
-        return (
-            "every token of the auxiliary tokenizer that occurs in the corpus is already in the source vocabulary; "
-            "train it on target-language text with a larger --aux-vocab-size, or drop --aux-tokenizer"
-        )
-    reasons = "; ".join(f"{n} because {SKIP_REASONS[key]}" for key, n in added["skipped_reasons"].items())
-    return f"every candidate was skipped ({reasons})"
-
-
 def cmd_expand(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.recipes.expand import expand_model
+    from vocgraft.recipes.expansion_checks import check_corpus_scripts, check_heldout_scripts, explain_zero_tokens
+    from vocgraft.tokenization.scripts import parse_scripts
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     scripts = parse_scripts(args.scripts)
@@ -246,7 +180,11 @@ def cmd_expand(args) -> None:
     protect = read_lines(args.protect) if args.protect else None
     heldout = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
     if heldout is not None:
-        check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
+        with warnings.catch_warnings(record=True) as caught:  # said now, before the work
+            warnings.simplefilter("always", UserWarning)
+            check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
+        for item in caught:
+            warn("expand", str(item.message))
     with warnings.catch_warnings(record=True) as caught:  # shown below as our own one-line warnings
         warnings.simplefilter("always", UserWarning)
         out, result = expand_model(
@@ -284,6 +222,7 @@ def cmd_expand(args) -> None:
         warn("expand", f"0 new tokens were added, so {out} tokenizes as the source does: {explain_zero_tokens(added)}.")
     if heldout is not None:
         from vocgraft.models import load_tokenizer
+        from vocgraft.recipes.expansion_checks import expansion_summary
 
         summary = expansion_summary(
             load_tokenizer(args.model),

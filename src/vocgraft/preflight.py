@@ -258,12 +258,14 @@ def _check_downstream(args: Any) -> None:
         raise ArgumentError(
             "nothing to evaluate: give --prompts (generation speed), --mt (translation) or --task (nli/sum/span)."
         )
-    from vocgraft.eval.tasks import TASKS
+    from vocgraft.eval.registry import task_names
 
     for item in args.task or []:
         task = item.partition("=")[0]
-        if task not in TASKS:
-            raise ArgumentError(f"--task {item}: unknown task {task!r}; choose one of {', '.join(TASKS)} (TASK=FILE).")
+        if task not in task_names():
+            raise ArgumentError(
+                f"--task {item}: unknown task {task!r}; choose one of {', '.join(task_names())} (TASK=FILE)."
+            )
     if args.templates:
         read_templates(args.templates)
     if args.mt_template is not None:

@@ -18,40 +18,27 @@ def fmt(value, digits: int = 3) -> str:
     return str(value)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence], digits: int = 3) -> str:
-    """A GitHub-flavoured Markdown table; numbers right-aligned."""
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def markdown_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence],
+    digits: int | Sequence[int] = 3,
+    right: Sequence[bool] | None = None,
+) -> str:
+    """A GitHub-flavoured Markdown table; numbers with ``digits`` decimals (one for every column, or one per
+    column), and right-aligned: the columns ``right`` says, by default those with a number in the first row."""
     first = rows[0] if rows else [""] * len(header)
-    align = ["---:" if isinstance(v, (int, float)) and not isinstance(v, bool) else "---" for v in first]
+    right = [is_number(v) for v in first] if right is None else right
+    align = ["---:" if r else "---" for r in right]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(fmt(v, digits) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def eval_markdown(result: dict, name: str = "model") -> str:
-    """The `vocgraft eval` result as a two-column table (metric, value)."""
-    tok = result["tokenizer"]
-    rows = [
-        ["lines", tok["lines"]],
-        ["tokens / line (mean)", tok["tokens_per_line_mean"]],
-        ["tokens / line (median)", float(tok["tokens_per_line_median"])],
-        ["characters / token", tok["chars_per_token"]],
-        ["UTF-8 bytes / token", tok["bytes_per_token"]],
+    lines += [
+        "| " + " | ".join(fmt(v, digits if isinstance(digits, int) else digits[i]) for i, v in enumerate(row)) + " |"
+        for row in rows
     ]
-    if "speedup" in result:
-        rows += [
-            ["baseline tokens / line (mean)", result["baseline_tokenizer"]["tokens_per_line_mean"]],
-            ["speedup proxy (baseline ÷ model tokens)", result["speedup"]],
-        ]
-    if "bpb" in result:
-        bpb = result["bpb"]
-        rows += [
-            ["bits / byte", bpb["bits_per_byte"]],
-            ["uniform reference bits / byte", bpb["uniform_bits_per_byte"]],
-            ["perplexity (per token)", bpb["perplexity"]],
-            ["tokens scored", bpb["tokens_scored"]],
-            ["eval throughput (tokens/s)", bpb["forward_tokens_per_second"]],
-        ]
-    return markdown_table(["metric", name], rows)
+    return "\n".join(lines)
 
 
 def loss_curve_png(steps: Sequence[dict], val: Sequence[dict], title: str = "") -> bytes:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vocgraft.report import fmt
+from vocgraft.report import fmt, is_number
 
 VIEW_LINES = 5  # held-out lines in the token view
 VIEW_CHARS = (20, 240)  # ... of a readable length: no one-word lines, no paragraphs
@@ -103,15 +103,16 @@ def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence], best: int | None) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence], best: int | None, digits: Sequence[int] | None) -> str:
+    """``digits``: each column's decimals (default 3)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = []
     for i, row in enumerate(rows):
         cells = "".join(
-            f'<td class="num">{_e(fmt(v))}</td>'
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            f'<td class="num">{_e(fmt(v, digits[c] if digits else 3))}</td>'
+            if is_number(v)
             else f"<td>{_e(fmt(v))}</td>"
-            for v in row
+            for c, v in enumerate(row)
         )
         body.append(f'<tr class="best">{cells}</tr>' if i == best else f"<tr>{cells}</tr>")
     return f'<table class="results"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -170,6 +171,7 @@ def render(
     view: list[dict],
     source_name: str,
     adapted_name: str,
+    digits: Sequence[int] | None = None,
 ) -> str:
     """The page as a string; every argument's text is escaped here."""
     figures = "".join(
@@ -185,7 +187,7 @@ def render(
         f"<h1>{_e(title)}</h1>"
         f'<p class="{verdict_class}" id="recommendation">{_e(verdict)}</p>'
         f'<p class="small">{_e(intro)}</p>'
-        f"<h2>Results</h2>{_table(header, rows, best)}"
+        f"<h2>Results</h2>{_table(header, rows, best, digits)}"
         f"<h2>Plots</h2>{figures}"
         f'<h2 id="token-view">Token view</h2>{_view(view, source_name, adapted_name)}'
         "</body></html>\n"
@@ -199,10 +201,13 @@ def write_html(path: str | Path, page: str) -> Path:
     return atomic_write(path, page)
 
 
-def write_sweep_html(out: Path, sweep: dict, *, title: str, verdict: str, intro: str, header, rows) -> Path:
+def write_sweep_html(
+    out: Path, sweep: dict, *, title: str, verdict: str, intro: str, header, rows, digits: Sequence[int] | None = None
+) -> Path:
     """``<out>/report.html`` for a sweep whose report.md was just written (plots read from ``out``); the token
     view shows the recommended setting's tokenizer against the source's on held-out lines."""
     from vocgraft.corpus import read_lines
+    from vocgraft.eval.registry import BITS_PER_BYTE, SPEEDUP
     from vocgraft.models import load_tokenizer
 
     config, points, rec = sweep["config"], sweep["points"], sweep["recommendation"]
@@ -210,7 +215,10 @@ def write_sweep_html(out: Path, sweep: dict, *, title: str, verdict: str, intro:
     source = load_tokenizer(config["model"])
     adapted = load_tokenizer(best["model_dir"])
     lines = pick_lines(read_lines(config["heldout"], limit=max(config["eval"]["limit"] or 0, 200)))
-    captions = {"speedup_vs_bpb.png": "speedup vs bits/byte", "bpb_vs_size.png": "bits/byte vs |D|"}
+    captions = {
+        "speedup_vs_bpb.png": f"{SPEEDUP.label} vs {BITS_PER_BYTE.label}",
+        "bpb_vs_size.png": f"{BITS_PER_BYTE.label} vs |D|",
+    }
     sized = any(p.get("train_sample") is not None for p in points)
     images = {
         caption: (out / name).read_bytes()
@@ -226,6 +234,7 @@ def write_sweep_html(out: Path, sweep: dict, *, title: str, verdict: str, intro:
         rows=rows,
         best=next((i for i, p in enumerate(points) if p == best), None),  # equal after a JSON round trip too
         images=images,
+        digits=digits,
         view=token_view(source, adapted, lines),
         source_name=f"{config['model']}, {len(source):,} tokens",
         adapted_name=f"{_setting(best)}, {len(adapted):,} tokens",

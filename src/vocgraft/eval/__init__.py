@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from vocgraft.eval import tasks as _tasks  # noqa: F401  (declares the downstream tasks in the registry)
 from vocgraft.eval.bpb import bits_per_byte, uniform_bits_per_byte
 from vocgraft.eval.fertility import encode_lines, fertility, speedup
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vocgraft.eval.registry import CHRF, TOKENS_PER_SECOND, legend, metrics_of, task
+
 
 @dataclass
 class DownstreamSpec:
@@ -22,14 +24,6 @@ class DownstreamSpec:
     tasks: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
     templates: dict | None = None
     seed: int = 0
-
-
-GENERATION_LEGEND = (
-    "new emitted: share of generated tokens that are new; new canonical: share of new tokens when the same text is "
-    "re-encoded with the tokenizer; canonical rate: new tokens emitted / new tokens in that canonical encoding; "
-    "matched: canonical new tokens emitted as exactly that token; non-canonical: new tokens emitted where the "
-    "canonical encoding has none; new in prompts: share of new tokens in the prompts (held-out text), context only."
-)
 
 
 def new_token_ids(model_dir: str) -> set[int] | None:
@@ -72,7 +66,6 @@ def evaluate_downstream(
     (model, tokenizer) by a caller that already has it)."""
     from vocgraft.eval.generation import generation_speed
     from vocgraft.eval.mt import DEFAULT_TEMPLATE, translate_and_score
-    from vocgraft.eval.tasks import RUNNERS
     from vocgraft.models import load_model
 
     model, tokenizer = loaded if loaded is not None else load_model(model_spec, dtype, device)
@@ -107,8 +100,8 @@ def evaluate_downstream(
                 max_new_tokens=spec.mt_max_new_tokens,
             )
         )
-    for task, records in spec.tasks.items():
-        result["tasks"].append(RUNNERS[task](model, tokenizer, records, spec.lang, spec.templates))
+    for name, records in spec.tasks.items():
+        result["tasks"].append(task(name).runner(model, tokenizer, records, spec.lang, spec.templates))
     return result
 
 
@@ -119,24 +112,26 @@ def markdown_summary(results: list[dict]) -> str:
     parts = []
     generation = [(r["model"], g) for r in results for g in r["generation"]]
     if generation:
-        keys = ["tokens_per_second", "chars_per_second", "chars_per_token", "new_emitted_share"]
-        keys += ["new_canonical_share", "canonical_rate", "canonical_matched", "noncanonical_new", "prompt_new_share"]
-        rows = [[m, g["mode"], *(g.get(k) for k in keys)] for m, g in generation]
-        header = ["model", "decoding", "tokens/s", "chars/s", "chars/token", "new emitted", "new canonical"]
-        header += ["canonical rate", "matched", "non-canonical", "new in prompts"]
-        parts.append(markdown_table(header, [[c if c is not None else "–" for c in row] for row in rows]))
-        parts.append(GENERATION_LEGEND)
+        columns = sorted(metrics_of("generation"), key=lambda m: m is not TOKENS_PER_SECOND)  # speed, tokens/s first
+        rows = [[m, g["mode"], *(g.get(c.name) for c in columns)] for m, g in generation]
+        header = ["model", "decoding", *(c.label for c in columns)]
+        digits = [3, 3, *(c.digits for c in columns)]
+        parts.append(markdown_table(header, [[c if c is not None else "–" for c in row] for row in rows], digits))
+        parts.append(legend(c for c in columns if c.description) + ".")
     mt = [(r["model"], x) for r in results for x in r["mt"]]
     if mt:
-        rows = [[m, x["direction"], x["pairs"], x["chrf"]] for m, x in mt]
-        parts.append(markdown_table(["model", "direction", "pairs", "chrF"], rows))
+        rows = [[m, x["direction"], x["pairs"], x[CHRF.name]] for m, x in mt]
+        parts.append(markdown_table(["model", "direction", "pairs", CHRF.label], rows, [3, 3, 3, CHRF.digits]))
     tasks = [(r["model"], t) for r in results for t in r["tasks"]]
     if tasks:
-        from vocgraft.eval.tasks import METRICS
-
-        rows = [[m, t["task"], t["records"], metric, t[metric]] for m, t in tasks for metric in METRICS[t["task"]]]
+        rows = [
+            [m, t["task"], t["records"], metric.label, t[metric.name]]
+            for m, t in tasks
+            for metric in task(t["task"]).metrics
+        ]
         parts.append(markdown_table(["model", "task", "records", "metric", "score"], rows))
-        nli = [t for _, t in tasks if t["task"] == "nli"]
-        if nli:  # what the two NLI metrics are
-            parts.append("\n".join(f"- nli {name}: {text}" for name, text in nli[0]["scores"].items()))
+        explained = next((t for _, t in tasks if "scores" in t), None)
+        if explained:  # what a task's several metrics are (NLI's two)
+            lines = [f"- {explained['task']} {name}: {text}" for name, text in explained["scores"].items()]
+            parts.append("\n".join(lines))
     return "\n\n".join(parts)

@@ -73,3 +73,21 @@ def run_eval(
         "load_seconds": load_seconds,
         **result,
     }
+
+
+def eval_markdown(result: dict, name: str = "model") -> str:
+    """The `vocgraft eval` result as a two-column table (metric, value): the metrics of the held-out text that
+    the result holds (a baseline's speedup, bits/byte), named and rounded as the metric registry declares them."""
+    from vocgraft.eval import registry as r
+    from vocgraft.report import fmt, markdown_table
+
+    rows = [r.LINES, r.TOKENS_PER_LINE, r.TOKENS_PER_LINE_MEDIAN, r.CHARS_PER_TOKEN, r.BYTES_PER_TOKEN]
+    if r.SPEEDUP.name in result:
+        rows += [r.BASELINE_TOKENS_PER_LINE, r.SPEEDUP]
+    if "bpb" in result:
+        rows += [r.BITS_PER_BYTE, r.UNIFORM_BITS_PER_BYTE, r.PERPLEXITY, r.TOKENS_SCORED, r.EVAL_THROUGHPUT]
+    found = {"eval": result, **result}  # a group's result: result[group]; the "eval" group is the result itself
+    # each value with its metric's decimals (a median of counts can be an int: a figure all the same)
+    values = [found[m.group][m.name] for m in rows]
+    cells = [[m.row_label, fmt(float(v), m.digits) if m.digits and v is not None else v] for m, v in zip(rows, values)]
+    return markdown_table(["metric", name], cells, right=[False, True])

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vocgraft.eval.tasks import METRICS, TASKS
 from vocgraft.locks import hold
 from vocgraft.outdir import MANIFEST, STAGE_RECORD, atomic_write, write_manifest
 
@@ -236,6 +235,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
     from vocgraft.pipeline.config import method_args, placement
     from vocgraft.recipes.expand import expand_model
     from vocgraft.recipes.replace import replace_model
+    from vocgraft.tokenization.scripts import parse_scripts
 
     adapt = config["adapt"]
     device, dtype = placement(config, "adapt")
@@ -254,9 +254,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         )
         return {"plan": result.plan.summary(), "timings": result.timings}
     protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
-    scripts = {"auto": "auto", "any": None}.get(
-        adapt["scripts"], [x.strip().upper() for x in adapt["scripts"].split(",")]
-    )
+    scripts = parse_scripts(adapt["scripts"])
     _, result = expand_model(
         config["model"],
         lines,
@@ -286,86 +284,18 @@ def _train(config: dict, model_dir: str | Path, path: Path) -> dict:
 
 
 def _evaluate(model_spec: str, baseline: str | None, config: dict, path: Path) -> dict:
-    """Tokens/line, bits/byte and its uniform reference (+ speedup vs ``baseline``'s tokenizer, MT and generation
-    speed when configured), written to ``eval.json`` in ``path``. The model is loaded once for all of them."""
-    from vocgraft.eval.downstream import new_token_ids
-    from vocgraft.eval.files import run_eval
-    from vocgraft.models import timed_load
-    from vocgraft.outdir import write_json
+    """The eval stage (:func:`vocgraft.eval.stage.evaluate_model`) on ``config``'s held-out text and eval section."""
+    from vocgraft.eval.stage import evaluate_model
     from vocgraft.pipeline.config import placement
 
-    ev = config["eval"]
     device, dtype = placement(config, "eval")
-    loaded = timed_load(model_spec, dtype, device)
-    new_ids = new_token_ids(model_spec)
-    result = run_eval(
+    return evaluate_model(
         model_spec,
-        config["heldout"],
         baseline=baseline,
-        limit=ev["limit"],
-        max_length=ev["max_length"],
-        loaded=loaded,
-        new_token_ids=new_ids,
+        heldout=config["heldout"],
+        settings=config["eval"],
+        lang=config["lang"],
+        device=device,
+        dtype=dtype,
+        out=path,
     )
-    facts = {
-        "tokens_per_line": result["tokenizer"]["tokens_per_line_mean"],
-        "bits_per_byte": result["bpb"]["bits_per_byte"],
-        "uniform_bits_per_byte": result["bpb"]["uniform_bits_per_byte"],
-        "speedup": result.get("speedup", 1.0),
-    }
-    tokenizer = loaded[1]
-    if new_ids is not None:  # the share of the new tokens the held-out text actually uses
-        from vocgraft.corpus import read_lines
-        from vocgraft.eval import encode_lines
-        from vocgraft.eval.fertility import new_tokens_used_share
-
-        text = read_lines(config["heldout"], limit=ev["limit"])
-        facts["new_tokens_used_share"] = new_tokens_used_share(encode_lines(tokenizer, text), new_ids)
-        # teacher-forced on the same text: where it has a new token, how often the model's argmax is that token
-        facts["argmax_new_share"] = result["bpb"]["argmax_new_share"]
-        facts["argmax_first_piece_share"] = result["bpb"]["argmax_first_piece_share"]
-    if ev["mt"] or ev["prompts"] or any(ev[task] for task in TASKS):
-        facts["downstream"] = _downstream(model_spec, config, loaded[:2])
-    path.mkdir(parents=True, exist_ok=True)
-    write_json(path / "eval.json", {"summary": facts, "full": result})
-    return facts
-
-
-def _downstream(model_spec: str, config: dict, loaded: tuple) -> dict:
-    from vocgraft.corpus import read_lines
-    from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream
-    from vocgraft.eval.generation import prompts_from_lines
-    from vocgraft.eval.mt import read_pairs
-    from vocgraft.eval.tasks import read_records
-
-    ev = config["eval"]
-    spec = DownstreamSpec(
-        lang=config["lang"] or "xx",
-        prompts=prompts_from_lines(read_lines(config["heldout"], limit=ev["prompts"])) if ev["prompts"] else [],
-        max_new_tokens=ev["max_new_tokens"],
-        mt_pairs=read_pairs(ev["mt"]) if ev["mt"] else [],
-        mt_directions=("en-xx",),
-        mt_shots=ev["shots"],
-        mt_limit=ev["mt_limit"],
-        tasks={task: read_records(ev[task], task) for task in TASKS if ev[task]},
-    )
-    result = evaluate_downstream(model_spec, spec, loaded=loaded)
-    summary = {f"chrf_{m['direction']}": m["chrf"] for m in result["mt"]}
-    for t in result["tasks"]:
-        summary |= {f"{t['task']}_{metric}": t[metric] for metric in METRICS[t["task"]]}
-    for g in result["generation"]:
-        summary |= {f"{g['mode']}_{key}": g[key] for key in GENERATION_SUMMARY}
-    return summary
-
-
-# per decoding mode (greedy_..., sampled_...) in eval.json's summary: speed and canonical use of the new tokens
-GENERATION_SUMMARY = (
-    "chars_per_second",
-    "tokens_per_second",
-    "chars_per_token",
-    "new_emitted_share",
-    "new_canonical_share",
-    "canonical_rate",
-    "canonical_matched",
-    "noncanonical_new",
-)

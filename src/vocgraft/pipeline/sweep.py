@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from vocgraft.eval import registry as r
 from vocgraft.pipeline.config import ConfigError, check_methods
 from vocgraft.pipeline.run import AFTER_INIT, AFTER_LAPT, SOURCE, SOURCE_LAPT, run_folder, run_pipeline
 
@@ -52,6 +53,7 @@ def reference_bpb(point: dict) -> float:
 # where its greedy canonical rate was 0.72-0.93. 0.3: the bar the project set for distill right after init.
 CANONICAL_RATE_FLOOR = 0.3
 ARGMAX_NEW_FLOOR = 0.02
+GREEDY = "greedy"  # the decoding mode (eval.json's greedy_...) the report shows
 
 
 def unused_tokens_caution(point: dict) -> str | None:
@@ -60,16 +62,18 @@ def unused_tokens_caution(point: dict) -> str | None:
     if point.get("mode", "expand") != "expand":
         return None  # a replaced vocabulary is all the model can emit: its tokens/line is its generation's
     adapted = point.get("adapted", {})
-    rate = adapted.get("downstream", {}).get("greedy_canonical_rate")
+    rate = adapted.get("downstream", {}).get(r.CANONICAL_RATE.summary_key(mode=GREEDY))
     if rate is not None:
         if rate >= CANONICAL_RATE_FLOOR:
             return None
-        measured = f"its greedy canonical rate is {rate:.2f}: it emits that share of the new tokens its own text has"
+        measured = (
+            f"its greedy {r.CANONICAL_RATE.label} is {rate:.2f}: it emits that share of the new tokens its own text has"
+        )
     else:
-        share = adapted.get("argmax_new_share")
+        share = adapted.get(r.ARGMAX_NEW.summary_key())
         if share is None or share >= ARGMAX_NEW_FLOOR:
             return None
-        measured = f"argmax new is {share:.3f}: it almost never predicts a new token where the text has one"
+        measured = f"{r.ARGMAX_NEW.label} is {share:.3f}: it almost never predicts a new token where the text has one"
     if str(point.get("init", "")).startswith("distill"):
         advice = "Train it (LAPT) and check the rate again"
     else:
@@ -151,19 +155,17 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
     }
 
 
-# greedy generation on eval.prompts: summary key (after "greedy_") -> report column
-CANONICAL_COLUMNS = {
-    "chars_per_token": "chars/token (greedy)",
-    "new_emitted_share": "new emitted",
-    "new_canonical_share": "new canonical",
-    "canonical_rate": "canonical rate",
-    "noncanonical_new": "non-canonical",
-}
+# greedy generation on eval.prompts (when configured): its columns, the first marked "(greedy)", and their legend
+CANONICAL_COLUMNS = (
+    r.GENERATED_CHARS_PER_TOKEN, r.NEW_EMITTED, r.NEW_CANONICAL, r.CANONICAL_RATE, r.NONCANONICAL_NEW,
+)  # fmt: skip
 CANONICAL_LEGEND = (
-    "\nGreedy generation on the eval prompts: new emitted = share of generated tokens that are new; new canonical "
-    "= their share when the same text is re-encoded with the tokenizer; canonical rate = new tokens emitted / new "
-    "tokens in that encoding; non-canonical = new tokens emitted where that encoding has none.\n"
+    "\nGreedy generation on the eval prompts: "
+    + r.legend((m for m in CANONICAL_COLUMNS if m.description), between=" = ")
+    + ".\n"
 )
+# the held-out columns the intro explains
+EXPLAINED = (r.SPEEDUP, r.UNIFORM_BITS_PER_BYTE, r.NEW_TOKENS_USED, r.ARGMAX_NEW)
 
 
 def _cell(value):
@@ -211,32 +213,37 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
     sized = [p for p in points if p["train_sample"] is not None]
     if sized:
         atomic_write(out / "bpb_vs_size.png", size_quality_png(sized, source_bpb, references=references or None))
+    chrf_en_xx = r.CHRF.summary_key(direction=f"en-{config['lang'] or 'xx'}")
     rows = [
         [
             p["new_tokens"] if p["new_tokens"] is not None else "–",
             p["init"],
             p["train_sample"] if p["train_sample"] is not None else "–",
             p["vocab_size"],
-            p["adapted"]["tokens_per_line"],
+            p["adapted"][r.TOKENS_PER_LINE.summary_key()],
             p["speedup"],
             p["bits_per_byte"],
-            p["adapted"]["uniform_bits_per_byte"],
+            p["adapted"][r.UNIFORM_BITS_PER_BYTE.summary_key()],
             p["bits_per_byte"] / reference_bpb(p) - 1,
-            p["adapted"].get("new_tokens_used_share", "–"),
-            _cell(p["adapted"].get("argmax_new_share")),
-            p["adapted"].get("downstream", {}).get(f"chrf_en-{config['lang'] or 'xx'}", "–"),
+            p["adapted"].get(r.NEW_TOKENS_USED.summary_key(), "–"),
+            _cell(p["adapted"].get(r.ARGMAX_NEW.summary_key())),
+            p["adapted"].get("downstream", {}).get(chrf_en_xx, "–"),
         ]
         for p in points
     ]
-    header = ["k", "init", "LAPT lines", "vocab", "tokens/line", "speedup", f"bits/byte ({rec['measured']})"]
-    header += ["uniform", f"vs {rec['reference']} (rel.)"]
-    header += ["new tokens used", "argmax new", "chrF en-xx"]
+    header = ["k", "init", "LAPT lines", "vocab", r.TOKENS_PER_LINE.label, r.SPEEDUP.label]
+    header += [f"{r.BITS_PER_BYTE.label} ({rec['measured']})", r.UNIFORM_BITS_PER_BYTE.label]
+    header += [f"vs {rec['reference']} (rel.)", r.NEW_TOKENS_USED.label, r.ARGMAX_NEW.label, f"{r.CHRF.label} en-xx"]
+    digits = [3, 3, 3, 3, r.TOKENS_PER_LINE.digits, r.SPEEDUP.digits, r.BITS_PER_BYTE.digits]  # each column's
+    digits += [r.UNIFORM_BITS_PER_BYTE.digits, 3, r.NEW_TOKENS_USED.digits, r.ARGMAX_NEW.digits, r.CHRF.digits]
     generated = [p["adapted"].get("downstream", {}) for p in points]
-    canonical_columns = any("greedy_canonical_rate" in g for g in generated)  # eval.prompts were generated from
+    greedy = [m.summary_key(mode=GREEDY) for m in CANONICAL_COLUMNS]
+    canonical_columns = any(r.CANONICAL_RATE.summary_key(mode=GREEDY) in g for g in generated)  # prompts generated
     if canonical_columns:
         for row, g in zip(rows, generated):
-            row += [_cell(g.get(f"greedy_{key}")) for key in CANONICAL_COLUMNS]
-        header += list(CANONICAL_COLUMNS.values())
+            row += [_cell(g.get(key)) for key in greedy]
+        header += [f"{m.label} ({GREEDY})" if i == 0 else m.label for i, m in enumerate(CANONICAL_COLUMNS)]
+        digits += [m.digits for m in CANONICAL_COLUMNS]
     best = rec["point"]
     setting = f"k={best['new_tokens']}, init={best['init']}" + (
         f", |D|={best['train_sample']}" if best["train_sample"] is not None else ""
@@ -257,8 +264,10 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         verdict += f" {rec['caution']}"
     src = points[0]["source"]
     title = f"vocgraft sweep: {config['model']} on {config['corpus']}"
+    explained = r.legend(EXPLAINED, between=" = ")
     intro = (
-        f"Source: {src['tokens_per_line']:.1f} tokens/line, {source_bpb:.3f} bits/byte on the first "
+        f"Source: {src[r.TOKENS_PER_LINE.summary_key()]:.1f} {r.TOKENS_PER_LINE.label}, {source_bpb:.3f} "
+        f"{r.BITS_PER_BYTE.label} on the first "
         f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
         f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
         + (
@@ -267,24 +276,23 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
             else "no training"
         )
         + _reference_text(references)
-        + '. Speedup = source tokens/line over adapted tokens/line; "uniform" is the bits/byte of a model that '
-        "knows only the tokenizer; new tokens used = share of the new tokens the held-out text uses at all; argmax "
-        "new = where the held-out text has a new token, the share of those positions where the model's argmax is "
-        f"that token (teacher-forced). {sweep.get('machine', '')}, {sweep.get('date', '')}."
+        + f". {explained[0].upper()}{explained[1:]}. {sweep.get('machine', '')}, {sweep.get('date', '')}."
     )
     text = [
         f"# {title}\n",
         verdict + "\n",
         intro + "\n",
-        markdown_table(header, rows),
-        "\n![speedup vs bits/byte](speedup_vs_bpb.png)\n",
+        markdown_table(header, rows, digits),
+        f"\n![{r.SPEEDUP.label} vs {r.BITS_PER_BYTE.label}](speedup_vs_bpb.png)\n",
     ]
     if canonical_columns:
         text.insert(-1, CANONICAL_LEGEND)
     if sized:
-        text.append("\n![bits/byte vs |D|](bpb_vs_size.png)\n")
+        text.append(f"\n![{r.BITS_PER_BYTE.label} vs |D|](bpb_vs_size.png)\n")
     atomic_write(out / "report.md", "\n".join(text) + "\n")
     write_json(out / "report.json", sweep)
     legend = f" {CANONICAL_LEGEND.strip()}" if canonical_columns else ""
-    write_sweep_html(out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows)
+    write_sweep_html(
+        out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows, digits=digits
+    )
     return out / "report.md"

@@ -45,6 +45,14 @@ def dominant_scripts(lines: Iterable[str], min_share: float = DOMINANT_SHARE, ma
     return {script for script, share in script_shares(lines, max_lines).items() if share >= min_share}
 
 
+def parse_scripts(value: str) -> str | list[str] | None:
+    """``--scripts`` / ``adapt.scripts``: ``auto`` (the corpus's dominant scripts), ``any`` (None: no restriction),
+    or comma-separated script names (``greek,latin`` -> ``["GREEK", "LATIN"]``)."""
+    if value in ("auto", "any"):
+        return None if value == "any" else "auto"
+    return [name.strip().upper() for name in value.split(",") if name.strip()]
+
+
 def describe_shares(shares: dict[str, float], top: int = 3) -> str:
     """``GREEK 91%, LATIN 9%``; ``no letters`` for text without any."""
     return ", ".join(f"{script} {share:.0%}" for script, share in list(shares.items())[:top]) or "no letters"
