@@ -17,8 +17,10 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from vocgraft.errors import UserError
 
-class RegistryError(LookupError):
+
+class RegistryError(UserError, LookupError):
     """A metric or task name that nothing declares."""
 
 
