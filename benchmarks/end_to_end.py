@@ -789,7 +789,8 @@ def write_markdown(report: dict, path: Path) -> None:
         + "\n",
         f"{report['machine']}, GPU: {report.get('gpu', 'none')}; each row names the device it ran on. Processes:\n",
         markdown_table(
-            ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed", "stopped / remark"],
+            ["process", "started", "wall min", "load before", "load after", "threads", "device", "resumed",
+             "stopped / remark"],  # fmt: skip
             [
                 [
                     i,
