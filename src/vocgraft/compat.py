@@ -41,6 +41,18 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     return {"dtype": dtype} if transformers_version() >= (4, 56) else {"torch_dtype": dtype}
 
 
+@lru_cache(maxsize=1)
+def no_hub_kernels() -> dict[str, Any]:
+    """``from_pretrained`` keyword that keeps the model's own torch layers: transformers >= 5.25 turns on the
+    `kernels` integration by default, which refuses a model built on the meta device (vocgraft's sharded path) and
+    would swap layers for downloaded kernels, so results would depend on the hub. Older versions have no such flag."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return {"use_kernels": False} if "use_kernels" in inspect.getsource(PreTrainedModel.from_pretrained) else {}
+
+
 def add_extra_special_tokens(tokenizer: Any, tokens: list[str]) -> int:
     """Add ``tokens`` as special tokens, keeping the ones the tokenizer already lists as extra special tokens
     (the keep-them flag is ``replace_extra_special_tokens`` in 5.x, ``replace_additional_special_tokens`` in 4.x)."""

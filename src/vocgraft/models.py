@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from vocgraft.checkpoint import ModelLoadError, checkpoint_tensors, stored_dtype
-from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs
+from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs, no_hub_kernels
 from vocgraft.devices import DtypeChoice
 from vocgraft.outdir import make_temp_dir, publish_shared_dir
 from vocgraft.tokenization.portable import save_portable
@@ -122,7 +122,7 @@ def _convert_gguf(gguf_path: Path, target: Path, sha256: str) -> None:
 
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **kwargs
+        str(gguf_path.parent), **gguf_dequantize_kwargs(), **dtype_kwargs(torch.float32), **no_hub_kernels(), **kwargs
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
     match_llama_cpp(tokenizer, gguf_pre_type(gguf_path))  # transformers leaves out e.g. SmolLM2's digit split
@@ -507,7 +507,7 @@ def load_model(
         tokenizer = _from_pretrained_tokenizer(spec, where)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            where, **dtype_kwargs(torch_dtype), **placement, output_loading_info=True
+            where, **dtype_kwargs(torch_dtype), **no_hub_kernels(), **placement, output_loading_info=True
         )
     except SafetensorError as exc:
         raise _weights_error(spec, where, exc) from None

@@ -111,13 +111,15 @@ class ShardedModel:
         tensor gets), and the headers of the weight files. ShardMismatch when the two do not match one to one."""
         from transformers import AutoModelForCausalLM
 
-        from vocgraft.compat import dtype_kwargs
+        from vocgraft.compat import dtype_kwargs, no_hub_kernels
 
         folder = Path(where)
         # the storage dtype: nothing computes here but the init method, on float32 copies of the rows it reads
         torch_dtype = choose_dtype(dtype, stored_dtype(folder), torch.device("cpu")).storage
         try:
-            skeleton = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(torch_dtype), device_map="meta")
+            skeleton = AutoModelForCausalLM.from_pretrained(
+                folder, **dtype_kwargs(torch_dtype), **no_hub_kernels(), device_map="meta"
+            )
         except RuntimeError as exc:  # a tensor whose shape config.json does not give: the file is named
             from vocgraft.models import mismatch_message
 
