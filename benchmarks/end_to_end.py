@@ -63,6 +63,7 @@ from vocgraft.eval.mt_conditional import conditional_bits_per_byte
 from vocgraft.eval.speed import continuation_text, fixed_length_speeds, stop_ids
 from vocgraft.models import load_model, load_tokenizer
 from vocgraft.outdir import atomic_write, write_json
+from vocgraft.pipeline import evidence
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.common import save_adapted
 from vocgraft.recipes.expand import expand_loaded, train_aux_tokenizer
@@ -614,6 +615,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--note", default="", help="a line for the md (e.g. why this is a reduced run)")
     parser.add_argument("--out", default=str(RESULTS / "end_to_end"))
     parser.add_argument("--markdown-only", action="store_true", help="write --out.md from --out.json")
+    parser.add_argument("--digest", action="store_true",
+                        help="write the package's evidence file (sweep's advice) from --out.json")  # fmt: skip
     parser.add_argument("--speed", action="store_true", help="after the rows: the fixed-length speed pass (idle cores)")
     parser.add_argument("--llama-cpp", action="store_true", help="after the rows: the same speed pass in llama.cpp")
     parser.add_argument("--redo-speed", action="store_true", help="measure a language's speed again")
@@ -664,6 +667,10 @@ def main(argv=None) -> int:
     out_json = Path(f"{args.out}.json")
     if args.markdown_only:
         write_markdown(json.loads(out_json.read_text(encoding="utf-8")), Path(f"{args.out}.md"))
+        return 0
+    if args.digest:
+        write_json(evidence.EVIDENCE_FILE, evidence.digest(json.loads(out_json.read_text(encoding="utf-8"))))
+        print(f"wrote {evidence.EVIDENCE_FILE}")
         return 0
     try:
         report = open_report(args)

@@ -513,10 +513,12 @@ def test_real_align_differs_from_mean_exactly_where_the_aligned_tuples_are_not_t
 @pytest.mark.slow
 def test_demo_default_init_methods_give_different_rows(smollm2_greek):
     """A comparison whose arms cannot differ is not a comparison: every pair of `vocgraft demo`'s default init
-    methods must give different rows on a real expansion of the demo's sizes (fewer lines, for time)."""
+    methods that works on the matrix alone must give different rows on a real expansion of the demo's sizes (fewer
+    lines, for time); a method that runs the model (distill) learns its rows and is tested in test_distill."""
     from vocgraft.cli import build_parser
+    from vocgraft.init import METHODS
 
-    methods = build_parser().parse_args(["demo"]).init.split(",")
+    methods = [m for m in build_parser().parse_args(["demo"]).init.split(",") if "model" not in METHODS[m].needs]
     assert len(methods) >= 2
     rows = {m: rows_of(smollm2_greek, m)[0] for m in methods}
     for i, a in enumerate(methods):

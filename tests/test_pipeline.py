@@ -94,7 +94,10 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     report = write_report(sweep, tmp_path / "sweep")
     text = report.read_text()
     assert "Recommendation" in text and "![speedup vs bits/byte](speedup_vs_bpb.png)" in text
-    assert "canonical rate" not in text  # no eval prompts: no generation columns
+    assert "| canonical rate |" not in text  # no eval prompts: no generation columns
+    # what the end-to-end grid found works after LAPT comes first: a sweep without generation cannot show it
+    assert text.index("What the end-to-end grid found works") < text.index("Recommendation")
+    assert "vocgraft train --model A --corpus F --max-steps" in text
     assert "| argmax new |" in text  # teacher-forced, from the bits/byte pass every point has
     for point in sweep["points"]:
         adapted = point["adapted"]
@@ -113,7 +116,7 @@ def test_sweep_shares_stages_and_writes_report_plot_and_recommendation(workspace
     assert "| bits/byte (right after initialization) |" in text and "| vs source (rel.) |" in text
     # report.html: the same report in one page, with the recommended setting's tokens on held-out lines
     page = (tmp_path / "sweep" / "report.html").read_text()
-    assert 'id="recommendation"' in page and '<table class="results">' in page
+    assert 'id="recommendation"' in page and '<table class="results">' in page and 'id="advice"' in page
     assert "right after initialization (no LAPT)" in page
     assert page.count('src="data:image/png;base64,') == 1 and 'id="token-view"' in page
     assert page.count('<div class="tokens adapted">') == 5 and 'class="tok new"' in page

@@ -172,8 +172,10 @@ def render(
     source_name: str,
     adapted_name: str,
     digits: Sequence[int] | None = None,
+    advice: str | None = None,
 ) -> str:
-    """The page as a string; every argument's text is escaped here."""
+    """The page as a string; every argument's text is escaped here. ``advice``: markdown paragraphs (an indented
+    one is a command), shown before the sweep's own recommendation."""
     figures = "".join(
         f'<figure><img alt="{_e(caption)}" src="{_data_uri(png)}"><figcaption class="small">{_e(caption)}'
         "</figcaption></figure>"
@@ -185,6 +187,7 @@ def render(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
+        f"{_advice(advice)}"
         f'<p class="{verdict_class}" id="recommendation">{_e(verdict)}</p>'
         f'<p class="small">{_e(intro)}</p>'
         f"<h2>Results</h2>{_table(header, rows, best, digits)}"
@@ -192,6 +195,16 @@ def render(
         f'<h2 id="token-view">Token view</h2>{_view(view, source_name, adapted_name)}'
         "</body></html>\n"
     )
+
+
+def _advice(advice: str | None) -> str:
+    if not advice:
+        return ""
+    blocks = (
+        f"<pre>{_e(block.strip())}</pre>" if block.startswith("    ") else f"<p>{_e(block.replace('**', ''))}</p>"
+        for block in advice.split("\n\n")
+    )
+    return f'<div class="verdict" id="advice">{"".join(blocks)}</div>'
 
 
 def write_html(path: str | Path, page: str) -> Path:
@@ -202,7 +215,16 @@ def write_html(path: str | Path, page: str) -> Path:
 
 
 def write_sweep_html(
-    out: Path, sweep: dict, *, title: str, verdict: str, intro: str, header, rows, digits: Sequence[int] | None = None
+    out: Path,
+    sweep: dict,
+    *,
+    title: str,
+    verdict: str,
+    intro: str,
+    header,
+    rows,
+    digits: Sequence[int] | None = None,
+    advice: str | None = None,
 ) -> Path:
     """``<out>/report.html`` for a sweep whose report.md was just written (plots read from ``out``); the token
     view shows the recommended setting's tokenizer against the source's on held-out lines."""
@@ -238,6 +260,7 @@ def write_sweep_html(
         view=token_view(source, adapted, lines),
         source_name=f"{config['model']}, {len(source):,} tokens",
         adapted_name=f"{_setting(best)}, {len(adapted):,} tokens",
+        advice=advice,
     )
     return write_html(out / "report.html", page)
 

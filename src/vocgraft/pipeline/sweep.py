@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from vocgraft.eval import registry as r
+from vocgraft.pipeline import evidence
 from vocgraft.pipeline.config import ConfigError, check_methods
 from vocgraft.pipeline.run import AFTER_INIT, AFTER_LAPT, SOURCE, SOURCE_LAPT, run_folder, run_pipeline
 
@@ -48,17 +49,18 @@ def reference_bpb(point: dict) -> float:
 
 
 # Below these, an expanded model's new tokens are not what it generates, and its tokens/line speedup is not a speedup
-# of generation. The end-to-end grid (benchmarks/results/end_to_end.md): Mean and Align 0.000 argmax new and
-# canonical rate 0 in greedy generation, before and after LAPT; Random at most 0.011; distill 0.038-0.081 argmax new
-# where its greedy canonical rate was 0.72-0.93. 0.3: the bar the project set for distill right after init.
+# of generation. Right after initialization Mean and Align emitted none (0.000 argmax new, canonical rate 0) and
+# distill's rate was 0.72 (benchmarks/results/distill.md); after LAPT the grid's rows (the evidence file) say how far
+# each init got. 0.3: the bar the project set for distill right after init.
 CANONICAL_RATE_FLOOR = 0.3
 ARGMAX_NEW_FLOOR = 0.02
 GREEDY = "greedy"  # the decoding mode (eval.json's greedy_...) the report shows
 
 
-def unused_tokens_caution(point: dict) -> str | None:
+def unused_tokens_caution(point: dict, grid: dict | None = None, lang: str | None = None) -> str | None:
     """A sentence when ``point`` is an expansion whose new tokens the model does not (yet) generate: its greedy
-    canonical rate where prompts were generated from, else its teacher-forced argmax-new share; None otherwise."""
+    canonical rate where prompts were generated from, else its teacher-forced argmax-new share; None otherwise.
+    ``grid``: the end-to-end evidence, quoted for what LAPT did to this init there."""
     if point.get("mode", "expand") != "expand":
         return None  # a replaced vocabulary is all the model can emit: its tokens/line is its generation's
     adapted = point.get("adapted", {})
@@ -74,25 +76,31 @@ def unused_tokens_caution(point: dict) -> str | None:
         if share is None or share >= ARGMAX_NEW_FLOOR:
             return None
         measured = f"{r.ARGMAX_NEW.label} is {share:.3f}: it almost never predicts a new token where the text has one"
-    if str(point.get("init", "")).startswith("distill"):
+    init = str(point.get("init", ""))
+    after = [c for c in (evidence.init_after_lapt(grid, i, lang) for i in dict.fromkeys([init, "distill"])) if c]
+    if init.startswith("distill"):
         advice = "Train it (LAPT) and check the rate again"
     else:
         advice = (
             "Initialize with distill and distill_merge all (`vocgraft expand --init distill --distill-merge all`; "
             "in a config, adapt.init: distill, adapt.distill_merge: all), whose new tokens are generated right "
-            "after initialization; Mean and Align still generated none after one short LAPT epoch"
+            "after initialization, or train this one (LAPT) long enough"
         )
+    if after:
+        advice += f" ({'; '.join(after)})"
     return (
         f"Caution: the speedup counts tokens per line of held-out text, but this model does not generate its new "
-        f'tokens ({measured}), so its generation is not that much faster. {advice} (README, "Which init, and how '
-        'much LAPT before the new tokens are used").'
+        f'tokens ({measured}), so its generation is not that much faster. {advice}. README: "Which init, and how '
+        'much LAPT".'
     )
 
 
-def recommend(points: list[dict], tolerance: float) -> dict:
+def recommend(points: list[dict], tolerance: float, grid: dict | None = None, lang: str | None = None) -> dict:
     """The largest-speedup point within ``tolerance`` (relative) of its reference's bits/byte, or the closest one
     (the smallest bits/byte relative to its reference), with what was compared (``measured``: right after
-    initialization or after LAPT; ``reference``: the source or the source + LAPT) and a sentence that says so."""
+    initialization or after LAPT; ``reference``: the source or the source + LAPT) and a sentence that says so.
+    ``grid`` (the end-to-end evidence): ``advice``, the setting the grid found faster at kept quality after LAPT,
+    which a sweep without generation speed cannot show."""
     if not points:
         raise ValueError("no sweep points to recommend from.")
 
@@ -113,7 +121,8 @@ def recommend(points: list[dict], tolerance: float) -> dict:
         "reference": reference,
         "reference_bits_per_byte": reference_bpb(best),
         "basis": basis(measured, reference),
-        "caution": unused_tokens_caution(best),
+        "caution": unused_tokens_caution(best, grid, lang),
+        "advice": evidence.best_setting(grid, lang) if grid else None,
     }
 
 
@@ -148,7 +157,7 @@ def run_sweep(config: dict, ks: list[int], inits: list[str], sizes: list[int] | 
     return {
         "config": config,
         "points": points,
-        "recommendation": recommend(points, tolerance),
+        "recommendation": recommend(points, tolerance, evidence.load(), config["lang"]),
         "tolerance": tolerance,
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
@@ -278,8 +287,10 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         + _reference_text(references)
         + f". {explained[0].upper()}{explained[1:]}. {sweep.get('machine', '')}, {sweep.get('date', '')}."
     )
+    advice = evidence.advice_text(rec["advice"], config["lang"]) if rec.get("advice") else None
     text = [
         f"# {title}\n",
+        *([advice + "\n", "**This sweep:**"] if advice else []),
         verdict + "\n",
         intro + "\n",
         markdown_table(header, rows, digits),
@@ -293,6 +304,7 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
     write_json(out / "report.json", sweep)
     legend = f" {CANONICAL_LEGEND.strip()}" if canonical_columns else ""
     write_sweep_html(
-        out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows, digits=digits
-    )
+        out, sweep, title=title, verdict=verdict, intro=intro + legend, header=header, rows=rows, digits=digits,
+        advice=advice,
+    )  # fmt: skip
     return out / "report.md"
