@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -377,6 +378,31 @@ class Grid:
         entry["tokenizer_seconds"] = time.perf_counter() - start
         return data, tokenizers, aux
 
+    def rebuild_missing(self, lang: str) -> None:
+        """Build again, from the seed, the models of finished rows that ``--work`` no longer holds (a new machine
+        or an emptied cache), so a speed pass can time them; each rebuilt LAPT must end at the validation loss its
+        row recorded, else the pass would time another model than the one measured (GridError)."""
+        planned = {r.name: r for r in planned_rows(lang, self.args)}
+        missing = [
+            planned[r["name"]] for r in self.rows_of(lang)
+            if r["name"] != SOURCE and not complete(Path(model_dir_of(lang, r, self.args)))
+        ]  # fmt: skip
+        if not missing:
+            return
+        print(f"{lang}: rebuilding {', '.join(r.name for r in missing)} (not in --work)", flush=True)
+        data = language_data(lang, self.args)
+        source_tokenizer = load_tokenizer(self.args.model)
+        aux, _ = aux_tokenizer_for(source_tokenizer, data.aux_lines, self.args)
+        recorded = {r["name"]: r for r in self.rows_of(lang)}
+        for row in missing:
+            facts = self.build(row, Path(self.args.work) / lang, data, source_tokenizer, aux)
+            before, after = recorded[row.name]["lapt"]["val_loss_end"], facts["lapt"]["val_loss_end"]
+            if not math.isclose(before, after, rel_tol=1e-4):
+                raise GridError(
+                    f"{lang} {row.name}: rebuilt, its LAPT ended at validation loss {after:.5f} where the row "
+                    f"recorded {before:.5f}; the speed pass would time another model (other threads or torch?)."
+                )
+
     def equal_updates(self, lang: str) -> int | None:
         """The updates every equal-updates row trains: ``--updates``, else what source + LAPT trained (None
         before it ran: source + LAPT then trains the recipe's epochs and sets it)."""
@@ -707,6 +733,14 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # the passes measure the rows finished so far (a language's pass runs again once it has more rows)
+    if args.speed or args.llama_cpp:
+        try:
+            for lang in args.langs:
+                grid.rebuild_missing(lang)
+        except GridError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            save()
+            return 2
     if args.speed:
         speed_pass(report, args, save)
     if args.llama_cpp:

@@ -131,3 +131,20 @@ def test_the_rows_train_at_equal_updates_resume_and_the_speed_pass_is_against_so
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "k=40 mean + LAPT (equal lines)" in md and "Speed in transformers" in md
     assert report["finished"]
+
+    # a new machine (or an emptied cache): the speed pass builds the finished rows' models again from the seed and
+    # refuses one whose LAPT does not end where its row recorded
+    import shutil
+
+    for folder in ("source-lapt-updates", "k40-mean", "k40-mean-lapt-updates"):
+        shutil.rmtree(tmp_path / "work" / "el" / folder)
+    assert end_to_end.main(grid_args(world, out, "--resume", "--no-rows", "--speed", "--redo-speed")) == 0
+    assert "rebuilding source + LAPT, k=40 mean + LAPT" in capsys.readouterr().out
+    again = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))["langs"]["el"]
+    assert set(again["speed"]["models"]) == set(rows) and again["speed"]["measured_at"] >= speed["measured_at"]
+    shutil.rmtree(tmp_path / "work" / "el" / "k40-mean-lapt-updates")
+    report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    report["langs"]["el"]["rows"][2]["lapt"]["val_loss_end"] += 0.5  # as if trained under other settings
+    out.with_suffix(".json").write_text(json.dumps(report), encoding="utf-8")
+    assert end_to_end.main(grid_args(world, out, "--resume", "--no-rows", "--speed", "--redo-speed")) == 2
+    assert "the speed pass would time another model" in capsys.readouterr().err
