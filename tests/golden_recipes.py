@@ -2,9 +2,9 @@
 
 Each case runs one recipe on a tiny byte-level Llama saved as a safetensors directory and fingerprints what it
 saved: every file's bytes (weights, tokenizer.json, plan, config), and the manifest ``vocgraft.json`` without the
-fields that change from run to run (date, library versions, timings, ``*_seconds``) and with the temporary folder
-written as ``<root>``. tests/test_golden_recipes.py compares them with tests/golden_recipes.json, so a refactor
-of the recipes that changes any output byte fails there.
+fields that change from run to run (date, library versions, timings, the methods' wall times) and with the
+temporary folder written as ``<root>``. tests/test_golden_recipes.py compares them with
+tests/golden_recipes.json, so a refactor of the recipes that changes any output byte fails there.
 
 Regenerate (only when an output is meant to change, and say why in the commit):
     PYTHONPATH=src python tests/golden_recipes.py
@@ -29,6 +29,7 @@ VOCAB = 500  # aux / target tokenizer size
 K = 20  # new tokens of an expansion
 LINES = 150  # corpus lines
 VOLATILE = {"created", "versions", "timings", "transformers_version"}
+CLOCKS = ("seconds", "_s")  # wall times in the methods' statistics (align's setup_s, distill's fit_seconds)
 
 
 def _methods() -> list[str]:
@@ -128,7 +129,7 @@ def run_case(root: Path, sources: dict[str, Path], name: str, case: dict) -> Pat
 def _stable(value, root: str):
     """The manifest without what changes between runs of the same code, the temporary root as ``<root>``."""
     if isinstance(value, dict):
-        return {k: _stable(v, root) for k, v in value.items() if k not in VOLATILE and not str(k).endswith("_seconds")}
+        return {k: _stable(v, root) for k, v in value.items() if k not in VOLATILE and not str(k).endswith(CLOCKS)}
     if isinstance(value, list):
         return [_stable(v, root) for v in value]
     if isinstance(value, str):
@@ -169,19 +170,24 @@ def small_fasttext():
             os.environ["USE_HUB_KERNELS"] = kernels
 
 
-def run_all(root: Path) -> dict[str, dict[str, str]]:
-    """Every case run under ``root``: case -> fingerprint."""
+def run_all(root: Path, names: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """Every case (or those ``names``) run under ``root``: case -> fingerprint."""
+    chosen = {name: case for name, case in cases().items() if not names or name in names}
     with small_fasttext():
         sources = make_sources(root)
-        return {name: fingerprint(run_case(root, sources, name, case), root) for name, case in cases().items()}
+        return {name: fingerprint(run_case(root, sources, name, case), root) for name, case in chosen.items()}
 
 
 def main() -> None:
-    """Writes tests/golden_recipes.json, or the file named by the first argument (to compare two trees)."""
+    """Writes tests/golden_recipes.json, or the file named by the first argument (to compare two trees); further
+    arguments: only these cases, written into the file's other cases."""
     sys.path.insert(0, str(HERE))
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else GOLDEN
+    names = sys.argv[2:]
     with tempfile.TemporaryDirectory() as tmp:
-        prints = run_all(Path(tmp).resolve())
+        prints = run_all(Path(tmp).resolve(), names)
+    if names and target.exists():
+        prints = json.loads(target.read_text(encoding="utf-8")) | prints
     target.write_text(json.dumps(prints, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{len(prints)} cases -> {target}")
 
