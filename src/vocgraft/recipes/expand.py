@@ -156,8 +156,7 @@ def expand_loaded(
     """Expand an in-memory model in place (no I/O): the core of `vocgraft expand` and of the benchmarks
     (:class:`ExpandStep` has the settings)."""
     step = ExpandStep(k, aux_tokenizer, None, aux_vocab_size, protect, scripts, keep_marks)
-    chosen = choose(init, options)  # fail on a typo before any work; resources are given, not loaded by path
-    return adapt_loaded(model, source_tokenizer, lines, step, chosen, seed=seed, resources=resources)
+    return adapt_loaded(model, source_tokenizer, lines, step, choose(init, options), seed=seed, resources=resources)
 
 
 def expand_model(

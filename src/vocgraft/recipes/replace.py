@@ -172,8 +172,7 @@ def replace_loaded(
     """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`
     (:class:`ReplaceStep` has the settings)."""
     step = ReplaceStep(target_tokenizer, None, target_kind, target_vocab_size, keep_marks)
-    chosen = choose(init, options)  # fail on a typo before any work; resources are given, not loaded by path
-    return adapt_loaded(model, source_tokenizer, lines, step, chosen, seed=seed, resources=resources)
+    return adapt_loaded(model, source_tokenizer, lines, step, choose(init, options), seed=seed, resources=resources)
 
 
 def replace_model(
