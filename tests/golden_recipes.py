@@ -151,17 +151,21 @@ def fingerprint(out: Path, root: Path) -> dict[str, str]:
 
 @contextmanager
 def small_fasttext():
-    """fastText made small and single-threaded for FOCUS/SALT (their vectors are then the same for a seed), and
-    transformers' hub kernels off: transformers >= 5.2x "kernelizes" the models it loads, which fails for the
-    shard path's meta-device skeleton."""
+    """fastText made small and single-threaded for FOCUS/SALT (their vectors are then the same for a seed), the
+    CPU probe the tests use, and transformers' hub kernels off: transformers >= 5.2x "kernelizes" the models it
+    loads, which fails for the shard path's meta-device skeleton."""
+    from vocgraft import devices
     from vocgraft.init import focus
 
     saved, kernels = dict(focus.FASTTEXT_DEFAULTS), os.environ.get("USE_HUB_KERNELS")
     focus.FASTTEXT_DEFAULTS.update(FASTTEXT)
     os.environ["USE_HUB_KERNELS"] = "NO"
+    # the CPU tests pretend to have (conftest.py): distill's manifest says which dtype it computed in, and why
+    probe = devices.set_cpu_probe(lambda dtype: devices.CpuSpeed(None, "tests: native 16-bit instructions"))
     try:
         yield
     finally:
+        devices.set_cpu_probe(probe)
         focus.FASTTEXT_DEFAULTS.clear()
         focus.FASTTEXT_DEFAULTS.update(saved)
         if kernels is None:
