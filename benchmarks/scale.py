@@ -312,10 +312,10 @@ def _target_tokenizer(scratch: Path, source: Path, corpus: Path, size: int) -> P
 
 def _kind(source: Path) -> str:
     from vocgraft.models import load_tokenizer
-    from vocgraft.recipes.replace import KIND_LIKE_SOURCE
+    from vocgraft.tokenization.family_rules import KIND_FOR_FAMILY
     from vocgraft.tokenization.spec import tokenizer_family
 
-    return KIND_LIKE_SOURCE[tokenizer_family(load_tokenizer(source))]
+    return KIND_FOR_FAMILY[tokenizer_family(load_tokenizer(source))]
 
 
 def _extras(scratch: Path, source: Path, corpus: Path, target: Path, limit: float) -> list[dict]:

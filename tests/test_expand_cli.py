@@ -87,7 +87,7 @@ def test_expand_rejects_bad_arguments(source, tmp_path, capsys):
 def test_a_family_expansion_cannot_edit_is_refused_before_any_work(tmp_path, capsys, monkeypatch, kind):
     from tiny import tiny_llama, tiny_unigram_tokenizer, tiny_wordpiece_tokenizer
 
-    import vocgraft.recipes.expand as recipe
+    import vocgraft.recipes.adapt as recipe
 
     tokenizer = tiny_wordpiece_tokenizer() if kind == "wordpiece" else tiny_unigram_tokenizer()
     tiny_llama(len(tokenizer), tied=True).save_pretrained(tmp_path / "source")
@@ -155,12 +155,13 @@ def test_expand_with_salt_and_a_plm_trained_with_the_aux_tokenizer(source, salt_
 
 
 def test_expand_with_salt_refuses_without_a_target_plm_before_any_work(source, tmp_path, capsys, monkeypatch):
+    import vocgraft.recipes.adapt as adapt_module
     import vocgraft.recipes.expand as expand_module
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the missing input was reported")
 
-    monkeypatch.setattr(expand_module, "open_source", no_work)
+    monkeypatch.setattr(adapt_module, "open_source", no_work)
     monkeypatch.setattr(expand_module, "train_aux_tokenizer", no_work)
     out = tmp_path / "out"
     assert main(expand_args(source, out, "salt")) == 2

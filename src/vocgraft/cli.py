@@ -115,6 +115,7 @@ def cmd_tokenizer_train(args) -> None:
     from vocgraft.models import load_tokenizer
     from vocgraft.outdir import check_writable
     from vocgraft.tokenization import save_tokenizer, train_tokenizer
+    from vocgraft.tokenization.family_rules import like_marks
     from vocgraft.tokenization.train import TokenizerError
 
     check_writable(args.out, args.overwrite)
@@ -140,21 +141,6 @@ def cmd_tokenizer_train(args) -> None:
         },
     )
     print(f"{args.kind} tokenizer with {len(tokenizer)} tokens trained on {len(lines)} lines -> {args.out}")
-
-
-def like_marks(setting: str, kind: str, like, lines):
-    """`tokenizer train`: whether the copied split regex of a byte-level ``--like`` keeps combining marks; None
-    where there is no such regex to copy."""
-    from vocgraft.tokenization.marks import MarksError, choose_keep_marks
-
-    if like is not None and kind == "bytelevel-bpe":
-        return choose_keep_marks(setting, like, lines)
-    if setting == "on":
-        raise MarksError(
-            "--keep-marks on rewrites the split regex copied from --like; it needs --kind bytelevel-bpe and --like "
-            "(SentencePiece kinds do not split marks from letters)."
-        )
-    return None
 
 
 def warn(command: str, message: str) -> None:

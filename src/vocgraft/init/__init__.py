@@ -346,7 +346,7 @@ def cpu_normal(ctx: InitContext, shape: tuple[int, ...], like: torch.Tensor, dty
     return torch.randn(*shape, generator=ctx.generator(), dtype=dtype).to(like.device)
 
 
-def initialize(model: Any, method: str, ctx: InitContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+def initialize(model: Any, method: Any, ctx: InitContext) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rows for ``ctx.plan.new_ids``: (input-embedding rows, LM-head rows or None when the head is tied).
 
     Computed in float32 on the rows each method uses, from the stored weights in their dtype (unscaled: a model
@@ -363,18 +363,23 @@ Matrix = torch.Tensor | Callable[[], torch.Tensor]
 
 
 def initialize_matrices(
-    method: str, ctx: InitContext, input_matrix: Matrix, head_matrix: Matrix | None = None
+    method: Any, ctx: InitContext, input_matrix: Matrix, head_matrix: Matrix | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`initialize` on given source matrices instead of a model: (input rows, head rows or None).
 
+    ``method``: a name (its settings are ``ctx.options``, checked here), or a
+    :class:`~vocgraft.init.choice.ChosenMethod`, whose settings were checked when it was chosen.
     ``head_matrix`` None means a tied head (or none). Either matrix may be a zero-argument callable returning it:
     it is called when its pass starts and released when the pass ends, so a caller that reads matrices from disk
     holds one of them at a time. A method that runs the model ("model" in its ``needs``) needs ``ctx.model``.
     """
-    spec = get_method(method)
+    if isinstance(method, str):
+        spec, options = get_method(method), method_options(method, ctx.options)
+    else:
+        spec, options = method.method, dict(method.options)
     if "model" in spec.needs and ctx.model is None:
-        raise MethodInputError(f"init method {method!r} runs the source model; it needs the loaded model.")
-    ctx = replace(ctx, options=method_options(method, ctx.options))
+        raise MethodInputError(f"init method {spec.name!r} runs the source model; it needs the loaded model.")
+    ctx = replace(ctx, options=options)
     input_rows = _run(spec, _matrix(input_matrix), replace(ctx, space="input"))
     head_rows = None if head_matrix is None else _run(spec, _matrix(head_matrix), replace(ctx, space="head"))
     return input_rows, head_rows

@@ -208,65 +208,64 @@ def _keyed(config: dict, section: str, params: dict) -> dict:
     return keyed
 
 
+def _step(config: dict, tokenizer_dir: Path | None = None):
+    """The recipe's vocabulary step for the ``adapt`` section; ``tokenizer_dir``: the tokenizer stage's output
+    (expand's aux tokenizer, replace's target tokenizer), None for the tokenizer stage itself."""
+    from vocgraft.corpus import read_lines
+    from vocgraft.recipes.expand import ExpandStep
+    from vocgraft.recipes.replace import ReplaceStep
+    from vocgraft.tokenization.scripts import parse_scripts
+
+    adapt = config["adapt"]
+    given = str(tokenizer_dir) if tokenizer_dir is not None else None
+    if adapt["mode"] == "replace":
+        return ReplaceStep(tokenizer_spec=given, target_vocab_size=adapt["vocab_size"], keep_marks=adapt["keep_marks"])
+    protect, aux_size = None, adapt["aux_vocab_size"]
+    if tokenizer_dir is not None:
+        if adapt["protect"]:  # read for the expansion only
+            protect = read_lines(adapt["protect"], limit=adapt["protect_lines"])
+        # the adapt stage has always recorded the recipe's default size for its given aux tokenizer
+        aux_size = ExpandStep.aux_vocab_size
+    return ExpandStep(
+        adapt["new_tokens"],
+        aux_tokenizer_spec=given,
+        aux_vocab_size=aux_size,
+        protect=protect,
+        scripts=parse_scripts(adapt["scripts"]),
+        keep_marks=adapt["keep_marks"],
+    )
+
+
 def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
+    """The tokenizer stage: the tokenizer the recipe's vocabulary step would train (expand: the auxiliary
+    tokenizer; replace: the target tokenizer), saved so the adapt stage (and a rerun) uses it as given."""
     from vocgraft.models import load_tokenizer
-    from vocgraft.recipes.expand import train_aux_tokenizer
-    from vocgraft.recipes.replace import target_marks, target_tokenizer_for
-    from vocgraft.tokenization.marks import choose_keep_marks
     from vocgraft.tokenization.portable import save_portable
 
     source = load_tokenizer(config["model"])
-    adapt = config["adapt"]
-    if adapt["mode"] == "expand":
-        marks = choose_keep_marks(adapt["keep_marks"], source, lines)
-        tokenizer = train_aux_tokenizer(marks.apply(source), lines, adapt["aux_vocab_size"], config["seed"])
-    else:
-        marks = target_marks(adapt["keep_marks"], source, lines)
-        tokenizer = target_tokenizer_for(
-            source, lines, kind=None, vocab_size=adapt["vocab_size"], seed=config["seed"], marks=marks
-        )
+    tokenizer, marks = _step(config).train_tokenizer(source, lines, config["seed"])
     print(f"tokenizer stage: {marks.describe()}", file=sys.stderr)
     save_portable(tokenizer, path)
     return {"size": len(tokenizer), "lines": len(lines), "keep_marks": marks.to_dict()}
 
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
-    from vocgraft.corpus import read_lines
     from vocgraft.pipeline.config import method_args, placement
-    from vocgraft.recipes.expand import expand_model
-    from vocgraft.recipes.replace import replace_model
-    from vocgraft.tokenization.scripts import parse_scripts
+    from vocgraft.recipes.adapt import adapt_model
 
     adapt = config["adapt"]
     device, dtype = placement(config, "adapt")
-    where = {"device": device, "dtype": dtype, "surgery": adapt["surgery"]}
-    if adapt["mode"] == "replace":
-        _, result = replace_model(
-            config["model"],
-            lines,
-            adapt["init"],
-            path,
-            tokenizer_spec=str(tokenizer_dir),
-            seed=config["seed"],
-            **where,
-            keep_marks=adapt["keep_marks"],
-            **method_args(adapt),
-        )
-        return {"plan": result.plan.summary(), "timings": result.timings}
-    protect = read_lines(adapt["protect"], limit=adapt["protect_lines"]) if adapt["protect"] else None
-    scripts = parse_scripts(adapt["scripts"])
-    _, result = expand_model(
+    step = _step(config, tokenizer_dir)
+    _, result = adapt_model(
         config["model"],
         lines,
-        adapt["new_tokens"],
+        step,
         adapt["init"],
         path,
-        aux_tokenizer_spec=str(tokenizer_dir),
-        protect=protect,
-        scripts=scripts,
         seed=config["seed"],
-        **where,
-        keep_marks=adapt["keep_marks"],
+        device=device,
+        dtype=dtype,
+        surgery=adapt["surgery"],
         **method_args(adapt),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}

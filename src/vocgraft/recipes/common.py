@@ -1,34 +1,26 @@
-"""What every vocabulary recipe does once it has a plan: initialize the new rows, graft them, save the directory."""
+"""The recipe's shared parts: the method chosen once, the source opened (loaded or on its files), the new rows
+initialized and grafted, the directory saved."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vocgraft.init import (
-    INPUTS,
-    InitContext,
-    MethodInputError,
-    get_method,
-    initialize,
-    initialize_matrices,
-    method_options,
-)
+from vocgraft.init import INPUTS, InitContext, MethodInputError
+from vocgraft.init.choice import ChosenMethod, choose
 from vocgraft.plan import VocabPlan, raw_tokens
+from vocgraft.recipes.editable import editable
 from vocgraft.shards import ShardedModel, ShardMismatch, why_not_sharded
-from vocgraft.surgery import SurgeryError, graft, save_model_dir, untie_head
+from vocgraft.surgery import SurgeryError
 
 SURGERY_PATHS = ("auto", "shards", "full")
 SURGERY_HELP = (
     "auto: edit the safetensors files without loading the model when the init method needs no forward pass "
     "(memory follows the embedding matrices), else load it; shards / full: force one"
 )
-# a method setting the recipe reads itself: a method that declares it may ask for a model with its own LM head
-# (a tied model is untied before the init stage, so the method is called once per space and the output is untied)
-UNTIE_HEAD = "untie_head"
-
 # method inputs that the user names by a path: the command-line flag and the pipeline key (``adapt.<key>``)
 USER_INPUTS = {"target_plm": "--target-plm"}
 
@@ -50,7 +42,7 @@ _LOADERS = {"target_plm": target_plm_resources}
 
 def open_source(
     model_spec: str,
-    init: str,
+    init: str | ChosenMethod,
     *,
     dtype: str = "auto",
     device: str = "auto",
@@ -71,8 +63,9 @@ def open_source(
         raise SurgeryError(f"--surgery {surgery!r}: choose one of {', '.join(SURGERY_PATHS)}.")
     resolve_device(device)  # a device that is not there is an error whichever path runs
     where = resolve(model_spec)
-    if "model" in get_method(init).needs:
-        why = f"init method {init!r} runs the model"
+    chosen = choose(init)
+    if chosen.runs_model:
+        why = f"init method {chosen.name!r} runs the model"
     else:
         why = why_not_sharded(where)
     if why is None and surgery != "full":
@@ -100,17 +93,23 @@ def _dtype_of(model) -> str:
     return str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
 
 
-def check_method_inputs(init: str, given: dict[str, Any]) -> None:
-    """Refuse, before any work, a method without an input it needs or a user input it would ignore."""
-    method = get_method(init)
+def choose_method(
+    init: str | ChosenMethod, options: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None
+) -> ChosenMethod:
+    """``--init`` resolved once, before any work: the method, its checked settings and the user inputs given for
+    it (``{"target_plm": DIR}``). Refuses a method without an input it needs, or a user input it would ignore."""
+    if isinstance(init, ChosenMethod):
+        return init
+    chosen = replace(choose(init, options), inputs=dict(inputs or {}))
     for name, flag in USER_INPUTS.items():
-        if name in method.needs and not given.get(name):
-            raise MethodInputError(f"init method {init!r} needs {INPUTS[name]}; pass {flag}.")
-        if given.get(name) and name not in method.needs:
+        if name in chosen.method.needs and not chosen.inputs.get(name):
+            raise MethodInputError(f"init method {chosen.name!r} needs {INPUTS[name]}; pass {flag}.")
+        if chosen.inputs.get(name) and name not in chosen.method.needs:
             users = sorted(m.name for m in _methods_needing(name))
             raise MethodInputError(
-                f"{flag} is only read by init methods {', '.join(users)}; --init {init} would ignore it."
+                f"{flag} is only read by init methods {', '.join(users)}; --init {chosen.name} would ignore it."
             )
+    return chosen
 
 
 def _methods_needing(name: str):
@@ -119,13 +118,12 @@ def _methods_needing(name: str):
     return [m for m in METHODS.values() if name in m.needs]
 
 
-def method_resources(init: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The resources the method's user inputs load into (after :func:`check_method_inputs`)."""
-    check_method_inputs(init, given)
+def method_resources(chosen: ChosenMethod) -> dict[str, Any]:
+    """The resources the method's user inputs load into (a target PLM's rows and vocabulary)."""
     resources: dict[str, Any] = {}
     for name in USER_INPUTS:
-        if given.get(name):
-            resources |= _LOADERS[name](given[name])
+        if chosen.inputs.get(name):
+            resources |= _LOADERS[name](chosen.inputs[name])
     return resources
 
 
@@ -134,7 +132,7 @@ def init_and_graft(
     plan: VocabPlan,
     source_tokenizer,
     target_tokenizer,
-    init: str,
+    init: str | ChosenMethod,
     *,
     corpus: Sequence[str] | None,
     seed: int = 0,
@@ -142,17 +140,17 @@ def init_and_graft(
     aux_tokenizer=None,
     options: dict[str, Any] | None = None,
 ) -> tuple[float, dict[str, Any]]:
-    """Initialize ``plan.new_ids`` with ``init`` and put the rows into ``model`` (in place).
+    """Initialize ``plan.new_ids`` with ``init`` (a name and its ``options``, or a ChosenMethod) and put the rows
+    into ``model`` (in place).
 
     ``model``: a loaded model, or a :class:`~vocgraft.shards.ShardedModel` (rows from its matrices read one at a
-    time; the graft is recorded for its save). Returns the initialization's wall time and the resources dict,
-    where methods leave their statistics (e.g. FOCUS's fallback share). A method whose ``untie_head`` setting is
-    on gets an untied model (:data:`UNTIE_HEAD`)."""
-    options = method_options(init, options)
-    if options.get(UNTIE_HEAD):
-        if isinstance(model, ShardedModel):  # the shard path rewrites the matrices the source has, no new head
-            raise SurgeryError(f"init method {init!r} unties the head, which needs the model loaded: --surgery full.")
-        untie_head(model)
+    time; the graft is recorded for its save): :func:`~vocgraft.recipes.editable.editable` gives both one interface.
+    Returns the initialization's wall time and the resources dict, where methods leave their statistics (e.g.
+    FOCUS's fallback share). A method whose ``untie_head`` setting is on gets an untied model."""
+    chosen = choose(init, options)
+    target = editable(model)
+    if chosen.unties_head:
+        target.untie_head(chosen.name)
     ctx = InitContext(
         plan,
         source_tokenizer,
@@ -161,18 +159,12 @@ def init_and_graft(
         seed=seed,
         resources=dict(resources or {}),
         aux_tokenizer=aux_tokenizer,
-        options=dict(options or {}),
+        options=dict(chosen.options),
     )
     start = time.perf_counter()
-    if isinstance(model, ShardedModel):
-        head = None if model.tied else model.matrix_reader("head")
-        input_rows, head_rows = initialize_matrices(init, ctx, model.matrix_reader("input"), head)
-        seconds = time.perf_counter() - start
-        model.graft(plan, input_rows, head_rows, target_tokenizer)
-    else:
-        input_rows, head_rows = initialize(model, init, ctx)
-        seconds = time.perf_counter() - start
-        graft(model, plan, input_rows, head_rows, target_tokenizer)
+    input_rows, head_rows = target.new_rows(chosen, ctx)
+    seconds = time.perf_counter() - start
+    target.graft(plan, input_rows, head_rows, target_tokenizer)
     return seconds, ctx.resources
 
 
@@ -194,14 +186,4 @@ def save_adapted(
     """The HF directory plus the plan (``vocgraft-plan.json``) and the manifest, written atomically (a
     :class:`~vocgraft.shards.ShardedModel` writes its files itself)."""
     extra = {"vocgraft-plan.json": plan.to_dict(), **(extra_json or {})}
-    if isinstance(model, ShardedModel):
-        return save_model_dir(
-            model.skeleton,
-            tokenizer,
-            out_dir,
-            overwrite=overwrite,
-            manifest=manifest,
-            extra_json=extra,
-            write_weights=model.weight_writer(),
-        )
-    return save_model_dir(model, tokenizer, out_dir, overwrite=overwrite, manifest=manifest, extra_json=extra)
+    return editable(model).save(tokenizer, out_dir, overwrite=overwrite, manifest=manifest, extra_json=extra)

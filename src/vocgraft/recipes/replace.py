@@ -1,52 +1,36 @@
 """Replace a model's tokenizer: target tokenizer (given or trained) -> plan (overlap copied) -> init -> surgery -> save.
 
 replace_model("smollm2", corpus_lines, init="focus", out_dir="out/el-focus", target_vocab_size=50000)
+
+The vocabulary step is :class:`ReplaceStep`; the rest of the recipe is :mod:`vocgraft.recipes.adapt`'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from vocgraft.compat import add_extra_special_tokens
 from vocgraft.errors import UserError
-from vocgraft.init import method_options
+from vocgraft.init.choice import choose
 from vocgraft.models import load_tokenizer
-from vocgraft.outdir import check_writable
 from vocgraft.plan import VocabPlan
-from vocgraft.recipes.common import (
-    check_method_inputs,
-    init_and_graft,
-    method_resources,
-    method_stats,
-    open_source,
-    save_adapted,
-)
+from vocgraft.recipes.adapt import Adapted, Vocabulary, adapt_loaded, adapt_model
 from vocgraft.tokenization import train_tokenizer
+from vocgraft.tokenization.family_rules import kind_like, marks_rule_applies, trained_like
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
 from vocgraft.tokenization.spec import tokenizer_family
 from vocgraft.tokenization.train import keep_ignore_merges
 
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
-# the target tokenizer kind trained by default: the source's own family, so pre-tokenization stays familiar
-KIND_LIKE_SOURCE = {"byte-level-bpe": "bytelevel-bpe", "sentencepiece-bpe": "sp-bpe", "unigram": "sp-unigram"}
+Replaced = Adapted  # replace's result: the one recipe's (older name)
 
 
 class ReplaceError(UserError, ValueError):
     """A replacement that cannot be done as asked; the message says what to change."""
-
-
-@dataclass
-class Replaced:
-    model: Any
-    tokenizer: Any
-    plan: VocabPlan
-    timings: dict[str, float] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-    marks: MarksChoice | None = None  # whether the trained target tokenizer's split regex keeps combining marks
 
 
 def with_source_specials(source_tokenizer, target_tokenizer):
@@ -83,17 +67,16 @@ def target_tokenizer_for(
     tokens; a byte-level one keeps combining marks if ``marks`` says so, and the source's ``ignore_merges``), plus
     the source's special tokens and roles (:func:`with_source_specials`)."""
     if given is None:
-        family = tokenizer_family(source_tokenizer)
-        kind = kind or KIND_LIKE_SOURCE.get(family)
+        kind = kind or kind_like(source_tokenizer)
         if kind is None:
+            family = tokenizer_family(source_tokenizer)
             raise ReplaceError(f"no default target tokenizer kind for a {family} source; pass --kind or --tokenizer.")
-        # a byte-level target can only copy a byte-level source's pipeline; SentencePiece kinds take any source's
-        # special-token strings (and a SentencePiece source's whole layout)
-        like = source_tokenizer if kind != "bytelevel-bpe" or family == "byte-level-bpe" else None
-        if kind == "bytelevel-bpe" and like is not None and marks:
+        like = trained_like(kind, source_tokenizer)
+        copies_regex = marks_rule_applies(kind, like)  # a byte-level target copying the source's split regex
+        if copies_regex and marks:
             like = marks.apply(source_tokenizer)
         given = train_tokenizer(lines, kind, vocab_size, like=like, seed=seed)
-        if kind == "bytelevel-bpe" and like is not None:
+        if copies_regex:
             keep_ignore_merges(source_tokenizer, given)
     return with_source_specials(source_tokenizer, given)
 
@@ -104,11 +87,72 @@ def target_marks(setting: str, source_tokenizer, lines: Sequence[str], given=Non
     decides; SentencePiece kinds keep them anyway."""
     if given is not None:
         return follow_given(setting, source_tokenizer, given, "target")
-    kind = kind or KIND_LIKE_SOURCE.get(tokenizer_family(source_tokenizer))
-    if kind != "bytelevel-bpe":
+    kind = kind or kind_like(source_tokenizer)
+    if not marks_rule_applies(kind, source_tokenizer):
         check_setting(setting)
         return MarksChoice(setting, False, f"a {kind} target tokenizer does not split marks from letters")
     return choose_keep_marks(setting, source_tokenizer, lines)
+
+
+@dataclass
+class ReplaceStep:
+    """The vocabulary step of `vocgraft replace`: the target tokenizer (given, or trained on the corpus: of
+    ``target_kind``, by default the source's own family) and the plan that copies the rows of the tokens both
+    have. ``keep_marks``: auto/on/off for a trained byte-level target tokenizer (:func:`target_marks`)."""
+
+    mode: ClassVar[str] = "replace"
+    target_tokenizer: Any = None  # loaded; None: trained on the corpus (or loaded from tokenizer_spec)
+    tokenizer_spec: str | None = None
+    target_kind: str | None = None
+    target_vocab_size: int = 50000
+    keep_marks: str = "auto"
+
+    def before_load(self, model_spec: str):
+        """Loads the given target tokenizer; the model's own tokenizer is loaded with the model."""
+        if self.tokenizer_spec:
+            self.target_tokenizer = load_tokenizer(self.tokenizer_spec)
+        return None
+
+    def train_tokenizer(self, source_tokenizer, lines: Sequence[str], seed: int = 0):
+        """(the target tokenizer, marks choice): given or trained on ``lines``; the pipeline's tokenizer stage."""
+        given = self.target_tokenizer
+        marks = target_marks(self.keep_marks, source_tokenizer, lines, given, self.target_kind)
+        tokenizer = target_tokenizer_for(
+            source_tokenizer,
+            lines,
+            given,
+            kind=self.target_kind,
+            vocab_size=self.target_vocab_size,
+            seed=seed,
+            marks=marks,
+        )
+        return tokenizer, marks
+
+    def vocabulary(self, source_tokenizer, lines: Sequence[str], seed: int) -> Vocabulary:
+        timings = {}
+        start = time.perf_counter()
+        tokenizer, marks = self.train_tokenizer(source_tokenizer, lines, seed)
+        timings["target_tokenizer_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        plan = VocabPlan.from_tokenizers(source_tokenizer, tokenizer, "replace")
+        timings["plan_seconds"] = time.perf_counter() - start
+        return Vocabulary(tokenizer, plan, marks, timings)
+
+    def given(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer_spec}
+
+    def settings(self, result: Adapted) -> dict[str, Any]:
+        return {
+            "target_kind": self.target_kind,
+            "target_vocab_size": len(result.tokenizer),
+            "keep_marks": result.marks.to_dict(),
+        }
+
+    def facts(self, result: Adapted) -> dict[str, Any]:
+        return {}
+
+    def files(self, result: Adapted) -> dict[str, Any]:
+        return {}
 
 
 def replace_loaded(
@@ -124,41 +168,11 @@ def replace_loaded(
     seed: int = 0,
     options: dict[str, Any] | None = None,
     keep_marks: str = "auto",
-) -> Replaced:
-    """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`.
-
-    ``keep_marks``: auto/on/off for a trained byte-level target tokenizer (:func:`target_marks`). The init
-    method sees the source tokenizer as it was."""
-    options = method_options(init, options)  # fail on a typo before any work
-    timings = {}
-    start = time.perf_counter()
-    marks = target_marks(keep_marks, source_tokenizer, lines, target_tokenizer, target_kind)
-    target_tokenizer = target_tokenizer_for(
-        source_tokenizer,
-        lines,
-        target_tokenizer,
-        kind=target_kind,
-        vocab_size=target_vocab_size,
-        seed=seed,
-        marks=marks,
-    )
-    timings["target_tokenizer_seconds"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    plan = VocabPlan.from_tokenizers(source_tokenizer, target_tokenizer, "replace")
-    timings["plan_seconds"] = time.perf_counter() - start
-    timings["init_seconds"], resources = init_and_graft(
-        model,
-        plan,
-        source_tokenizer,
-        target_tokenizer,
-        init,
-        corpus=lines,
-        seed=seed,
-        resources=resources,
-        options=options,
-    )
-    return Replaced(model, target_tokenizer, plan, timings, method_stats(resources), marks)
+) -> Adapted:
+    """Replace the tokenizer of an in-memory model in place (no I/O): the core of `vocgraft replace`
+    (:class:`ReplaceStep` has the settings)."""
+    step = ReplaceStep(target_tokenizer, None, target_kind, target_vocab_size, keep_marks)
+    return adapt_loaded(model, source_tokenizer, lines, step, choose(init, options), seed=seed, resources=resources)
 
 
 def replace_model(
@@ -171,57 +185,12 @@ def replace_model(
     target_kind: str | None = None,
     target_vocab_size: int = 50000,
     seed: int = 0,
-    overwrite: bool = False,
-    inputs: dict | None = None,
-    method_inputs: dict[str, Any] | None = None,
-    options: dict[str, Any] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    surgery: str = "auto",
     keep_marks: str = "auto",
-) -> tuple[Path, Replaced]:
+    **recipe,
+) -> tuple[Path, Adapted]:
     """`vocgraft replace`: load, replace the tokenizer, initialize, and save an HF directory with plan and manifest.
 
-    ``method_inputs``: the init method's user inputs (``{"target_plm": DIR}``); ``options``: its settings.
-    ``dtype`` (auto: the source's) is the saved model's; ``surgery`` picks how the model is edited
-    (:func:`~vocgraft.recipes.common.open_source`: on its files without loading it, or loaded on ``device``)."""
-    check_writable(out_dir, overwrite)  # before minutes of work
-    method_inputs = dict(method_inputs or {})
-    options = method_options(init, options)
-    check_method_inputs(init, method_inputs)
-    check_setting(keep_marks)
-    model, source_tokenizer, surgery_facts = open_source(model_spec, init, dtype=dtype, device=device, surgery=surgery)
-    target = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
-    resources = method_resources(init, method_inputs)
-    result = replace_loaded(
-        model,
-        source_tokenizer,
-        lines,
-        init,
-        target_tokenizer=target,
-        target_kind=target_kind,
-        target_vocab_size=target_vocab_size,
-        resources=resources,
-        seed=seed,
-        options=options,
-        keep_marks=keep_marks,
-    )
-    manifest = {
-        "inputs": {"model": model_spec, "tokenizer": tokenizer_spec, **method_inputs, **(inputs or {})},
-        "method": {
-            "stage": "replace",
-            "init": init,
-            "options": options,
-            "target_kind": target_kind,
-            "target_vocab_size": len(result.tokenizer),
-            "keep_marks": result.marks.to_dict(),
-        },
-        "seed": seed,
-        "source_model": model_spec,
-        "plan": result.plan.summary(),
-        "timings": result.timings,
-        "init_stats": result.stats,
-        "surgery": surgery_facts,
-    }
-    out = save_adapted(result.model, result.tokenizer, result.plan, out_dir, overwrite=overwrite, manifest=manifest)
-    return out, result
+    ``recipe``: overwrite, inputs, method_inputs, options, dtype, device, surgery
+    (:func:`~vocgraft.recipes.adapt.adapt_model`)."""
+    step = ReplaceStep(None, tokenizer_spec, target_kind, target_vocab_size, keep_marks)
+    return adapt_model(model_spec, lines, step, init, out_dir, seed=seed, **recipe)
