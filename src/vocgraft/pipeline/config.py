@@ -164,6 +164,7 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     config = _check(raw, schema(), "", source)
     if config["train"] is not None:
         config["train"] = _with_recipe(config["train"], source)
+    _one_budget(config["adapt"]["vocadt"], "adapt.vocadt", source)
     adapt = config["adapt"]
     from vocgraft.init import METHODS
 
@@ -201,14 +202,18 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     return config
 
 
+def _one_budget(section: dict, where: str, source: str) -> None:
+    budgets = [key for key in ("epochs", "max_steps", "max_tokens") if section[key] is not None]
+    if len(budgets) > 1:
+        raise ConfigError(f"{source}: {where}.{budgets[0]} and {where}.{budgets[1]} are two budgets; give one of them.")
+
+
 def _with_recipe(train: dict, source: str) -> dict:
     """The train section with its recipe's values for the settings it leaves unset; one budget at most."""
     from vocgraft.train.data import TrainingError
     from vocgraft.train.recipe import with_recipe
 
-    budgets = [key for key in ("epochs", "max_steps", "max_tokens") if train[key] is not None]
-    if len(budgets) > 1:
-        raise ConfigError(f"{source}: train.{budgets[0]} and train.{budgets[1]} are two budgets; give one of them.")
+    _one_budget(train, "train", source)
     try:
         return with_recipe(train["recipe"], train, "train.recipe")
     except TrainingError as exc:

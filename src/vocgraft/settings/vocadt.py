@@ -56,6 +56,16 @@ def training_defaults() -> dict:
     return {**{k: v for k, v in PAPERS.items() if k in TRAINING_NAMES}, "lr": VOCADT_LR}
 
 
+def training_settings(section: dict) -> dict:
+    """The adapter training's TrainConfig settings from a pipeline's ``adapt.vocadt``: each one left unset (None)
+    takes :func:`training_defaults`; a budget given replaces the default budget (epochs) as a whole."""
+    defaults = training_defaults()
+    if any(section.get(s.name) is not None for s in TRAINING if s.group == t.BUDGET):
+        defaults.update({s.name: None for s in TRAINING if s.group == t.BUDGET})
+    names = (*TRAINING_NAMES, t.MIXED.name, t.GRADIENT_CHECKPOINTING.name)
+    return {name: section[name] if section.get(name) is not None else defaults.get(name) for name in names}
+
+
 # the LAPT settings that make sense for adapter training (no recipe, strategy or objective: VocADT's own)
 TRAINING = tuple(s for s in t.SCHEDULE if s.name not in t.RECIPE_ONLY)
 TRAINING_NAMES = tuple(s.name for s in TRAINING)
