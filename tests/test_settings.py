@@ -118,6 +118,17 @@ def test_train_config_and_vocadt_settings_default_as_declared():
     fields = {f.name: f.default for f in dataclasses.fields(VocadtSettings)}
     assert fields["alpha"] == vocadt.ALPHA.default and fields["adapters"] == vocadt.ADAPTERS.default
     assert fields["candidates"] == vocadt.MAX_CANDIDATES.default and fields["vocab_size"] == vocadt.c.VOCAB_SIZE.default
+    # so do the recipes' function defaults (recipes/: a caller of the library gets the CLI's values)
+    import inspect
+
+    from vocgraft.models import DEFAULT_MODEL
+    from vocgraft.recipes.expand import expand_model
+    from vocgraft.recipes.replace import replace_model
+    from vocgraft.settings import adapt, common
+
+    assert inspect.signature(replace_model).parameters["target_vocab_size"].default == common.VOCAB_SIZE.default
+    assert inspect.signature(expand_model).parameters["aux_vocab_size"].default == adapt.AUX_VOCAB_SIZE.default
+    assert DEFAULT_MODEL == common.MODEL.default == base_schema()["model"][1]
 
 
 def test_preflight_rules_are_the_declared_ranges():

@@ -23,6 +23,8 @@ from vocgraft.settings.setting import (
 
 DEFAULT_RECIPE = "papers"  # `vocgraft train` and the pipeline's train section
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+# a line break as text: the corpus's lines are a document's paragraphs or sentences, so the model learns to start
+# a new line there, not to end the sequence (with EOS after every line, LAPT teaches it to stop after every line)
 DEFAULT_JOIN = "newline"
 SEQUENCE_RULE = rule(lambda v: v >= 2, "at least 2 (a token and the next one to predict)", 1 << 20)
 BUDGET = "budget"  # epochs, max_steps, max_tokens: one decides the number of updates

@@ -42,7 +42,6 @@ from vocgraft.train import checkpoints as ckpt
 from vocgraft.train import new_rows
 from vocgraft.train.checkpoints import SCHEDULER_FILE, STATE_FILE, remove_checkpoints  # noqa: F401 (re-exported)
 from vocgraft.train.data import (
-    DEFAULT_JOIN,
     JOINS,
     BatchOrder,
     TrainingError,
