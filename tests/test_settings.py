@@ -80,7 +80,7 @@ def test_one_default_per_setting_across_commands_and_the_pipeline():
                ("eval", "dtype"), ("sweep", "tolerance")}  # fmt: skip
     # a name with another meaning in one place: sweep --init is a list of methods, eval --batch-size a budget of
     # windows per forward pass (not LAPT's sequences); required flags have no default on the command line
-    other_meaning = {("sweep", "init"), ("eval", "batch_size")}
+    other_meaning = {("sweep", "init"), ("eval", "batch_size"), ("lm-eval-task", "batch_size")}
     defaults: dict[str, set] = {}
     places = [(st.name, s) for st in settings.STAGES for s in st]
     places += [(section or "top", s) for section, declared in settings.SECTIONS.items() for s in declared]

@@ -562,10 +562,6 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from vocgraft import settings
-    from vocgraft.settings import common
-    from vocgraft.settings import evaluation as ev
-    from vocgraft.settings.flags import add_settings
-    from vocgraft.settings.setting import Setting
 
     parser = argparse.ArgumentParser(prog="vocgraft", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -579,19 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = stage_parser(sub, "eval", settings.stage("eval"), cmd_eval)
 
-    p = sub.add_parser(
-        "lm-eval-task", help="held-out text as an lm-evaluation-harness task, and the lm_eval command that scores a "
-        "model on it as `vocgraft eval` does"
-    )  # fmt: skip
-    add_settings(p, (
-        common.MODEL, common.DEVICE, common.DTYPE,
-        ev.TEXT.but(help="held-out text: file, folder, .jsonl, or hf:NAME[:SPLIT]"),
-        common.FIELD, common.OUT.but(help="the task folder to write (the YAML and the lines it scores)"),
-        Setting("name", str, None, "task name (default: vocgraft_<file name>)"), ev.LIMIT,
-        ev.MAX_LENGTH.but(help="context window, as vocgraft eval's --max-length"),
-        ev.BATCH_SIZE.but(help="lm_eval --batch_size (windows per forward pass)"), common.OVERWRITE,
-    ))  # fmt: skip
-    p.set_defaults(func=cmd_lm_eval_task)
+    stage_parser(sub, "lm-eval-task", settings.stage("lm-eval-task"), cmd_lm_eval_task)
 
     p = sub.add_parser("tokenizer", help="tokenizer stage")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)

@@ -27,6 +27,7 @@ STAGES: tuple[Stage, ...] = (
     train.TRAIN,
     vocadt.VOCADT,
     evaluation.EVAL,
+    evaluation.LM_EVAL_TASK,
     evaluation.DOWNSTREAM,
     export.EXPORT_GGUF,
     run.SWEEP,

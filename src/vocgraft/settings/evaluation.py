@@ -26,8 +26,20 @@ EVAL = Stage(
         Setting("no_bpb", bool, False, "token counts only; skip the model forward passes", key=None),
         JSON,
     ),
-    section="eval",
     summary="token counts, speedup proxy, bits per byte and perplexity on a text",
+)  # fmt: skip
+
+LM_EVAL_TASK = Stage(
+    "lm-eval-task",
+    (
+        c.MODEL, c.DEVICE, c.DTYPE, TEXT.but(help="held-out text: file, folder, .jsonl, or hf:NAME[:SPLIT]"), c.FIELD,
+        c.OUT.but(help="the task folder to write (the YAML and the lines it scores)"),
+        Setting("name", str, None, "task name (default: vocgraft_<file name>)", key=None), LIMIT,
+        MAX_LENGTH.but(help="context window, as vocgraft eval's --max-length"),
+        BATCH_SIZE.but(help="lm_eval --batch_size (windows per forward pass)"), c.OVERWRITE,
+    ),
+    summary="held-out text as an lm-evaluation-harness task, and the lm_eval command that scores a model on it as "
+    "`vocgraft eval` does",
 )  # fmt: skip
 
 MAX_NEW_TOKENS = Setting("max_new_tokens", int, 64, "generation speed: tokens per prompt", rule=at_least_1(1 << 20))

@@ -113,11 +113,11 @@ class Setting:
 
 @dataclass(frozen=True)
 class Stage:
-    """The settings of one stage, in the order its parser lists them; ``section``: its YAML section (None: none)."""
+    """The settings of one command, in the order its parser lists them (the pipeline's sections list theirs in
+    :data:`vocgraft.settings.SECTIONS`, from the same Setting objects)."""
 
     name: str
     settings: tuple[Setting, ...]
-    section: str | None = None
     summary: str = ""
     by_name: dict[str, Setting] = field(init=False, repr=False, compare=False)
 

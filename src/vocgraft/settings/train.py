@@ -126,7 +126,6 @@ SCHEDULE = (
 TRAIN = Stage(
     "train",
     (*CLI_ONLY, *SCHEDULE, *RUN_CONTROL, c.DEVICE, TRAIN_DTYPE, MIXED, GRADIENT_CHECKPOINTING),
-    section="train",
     summary="language-adaptive pre-training (LAPT) of a model on the target corpus",
 )
 TRAIN_SECTION = (*SCHEDULE, MIXED, GRADIENT_CHECKPOINTING, c.SECTION_DEVICE, c.SECTION_DTYPE)

@@ -78,7 +78,6 @@ TARGET = (
 VOCADT = Stage(
     "vocadt",
     (*t.CLI_ONLY, *TRAINING, *t.RUN_CONTROL, c.DEVICE, t.TRAIN_DTYPE, t.MIXED, t.GRADIENT_CHECKPOINTING, *TARGET, *OWN),
-    section="adapt.vocadt",
     summary="replace the tokenizer; learn new embeddings as adapters over the frozen model (VocADT)",
 )
 # adapt.vocadt in a pipeline: its own settings and the adapter training's (the pipeline's target tokenizer is
