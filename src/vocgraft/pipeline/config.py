@@ -37,12 +37,10 @@ from typing import Any
 
 from vocgraft.errors import UserError
 from vocgraft.settings import SECTIONS
-from vocgraft.settings.adapt import MODE
 from vocgraft.settings.run import REQUIRED as TOP_REQUIRED
 from vocgraft.settings.schema import REQUIRED, problems, section_schema
 
 OPTIONAL_SECTIONS = {"train"}  # absent = that stage is skipped
-MODES = MODE.allowed()
 PLACED_SECTIONS = ("adapt", "train", "eval")  # sections that may override the top-level device and dtype
 
 
