@@ -106,7 +106,10 @@ def test_vocgraft_train_defaults_to_the_papers_recipe_and_flags_override_it():
 def test_the_pipeline_takes_a_recipe_when_asked(tmp_path):
     (tmp_path / "c.txt").write_text("α β\n", encoding="utf-8")
     base = {"corpus": str(tmp_path / "c.txt"), "heldout": str(tmp_path / "c.txt"), "out": str(tmp_path / "out")}
-    quick = validate({**base, "train": {"batch_size": 2}})["train"]
+    # the section's default recipe is `vocgraft train`'s (issue 33: one default per setting; it was quick)
+    default = validate({**base, "train": {"batch_size": 2}})["train"]
+    assert default["recipe"] == "papers" and {k: default[k] for k in PAPERS} == PAPERS | {"batch_size": 2}
+    quick = validate({**base, "train": {"recipe": "quick", "batch_size": 2}})["train"]
     assert (quick["recipe"], quick["strategy"], quick["objective"], quick["max_steps"]) == ("quick", "lora", "clm", 100)
     assert quick["batch_size"] == 2 and quick["join"] == "newline" and quick["warmup_steps"] == 100
     papers = validate({**base, "train": {"recipe": "papers"}})["train"]

@@ -10,12 +10,7 @@ import warnings
 from pathlib import Path
 
 from vocgraft.corpus import SHARED_CORPORA, CorpusError
-from vocgraft.models import DEFAULT_MODEL
 from vocgraft.outdir import write_json
-
-# adapter weights are mixing coefficients around 1/m; on SmolLM2 + Greek (10 steps of 2 x 512 tokens) validation
-# loss 10.96 fell to 9.52 / 8.22 / 9.41 at lr 1e-4 / 3e-4 / 1e-3 and diverged at 1e-2
-VOCADT_LR = 3e-4
 
 
 def cmd_info(args) -> None:
@@ -27,15 +22,22 @@ def cmd_info(args) -> None:
 
 
 def cmd_methods(args) -> None:
-    """The init method registry: what each method needs, its settings, and where it is defined."""
+    """The init method registry (what each method needs, its settings, where it is defined), then VocADT, the
+    method that trains (vocgraft.settings.vocadt)."""
     from vocgraft.init import METHODS
     from vocgraft.recipes.common import USER_INPUTS
+    from vocgraft.settings.vocadt import METHOD as VOCADT
 
     for method in sorted(METHODS.values(), key=lambda m: m.name):
         needs = ", ".join(USER_INPUTS.get(need, need) for need in sorted(method.needs)) or "nothing"
         print(f"{method.name}: {method.summary}\n  defined in: {method.reference}\n  needs: {needs}")
         for option in method.options:
             print(f"  {option.flag} (default {option.default}): {option.help}")
+    print(f"{VOCADT.name} (trains; not an --init method): {VOCADT.summary}\n  defined in: {VOCADT.reference}")
+    print(f"  runs as: {VOCADT.runs_as}")
+    for setting in VOCADT.settings:
+        where = f"{setting.cli_flag} / adapt.vocadt.{setting.yaml_key}"
+        print(f"  {where} (default {setting.default}): {setting.help_text()}")
 
 
 def cmd_eval(args) -> None:
@@ -442,7 +444,7 @@ def cmd_run(args) -> None:
     from vocgraft.pipeline.config import load_config
     from vocgraft.pipeline.sweep import run_sweep, write_report
 
-    config = load_config(args.config)
+    config = load_config(args.config, args.overrides)
     sweep = run_sweep(config, [config["adapt"]["new_tokens"]], [config["adapt"]["init"]])
     print_sweep(sweep, write_report(sweep, config["out"]))
 
@@ -452,7 +454,7 @@ def cmd_sweep(args) -> None:
     from vocgraft.pipeline.config import load_config
     from vocgraft.pipeline.sweep import run_sweep, write_report
 
-    config = load_config(args.config)
+    config = load_config(args.config, args.overrides)
     if args.tolerance is not None:
         config["report"]["tolerance"] = args.tolerance
     ks = parse_ints(args.k, "k") if args.k else [config["adapt"]["new_tokens"]]
@@ -495,16 +497,14 @@ def cmd_demo(args) -> None:
     print_sweep(sweep, write_report(sweep, args.out))
 
 
-def add_init_args(p: argparse.ArgumentParser) -> None:
-    """``--init`` and, from the method registry, every method input (``--target-plm``) and setting."""
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """From the method registry: every init method input (``--target-plm``) and setting (``--init`` is the stage's)."""
     from vocgraft.init import INPUTS, METHODS, all_options
     from vocgraft.recipes.common import USER_INPUTS
 
     def users(test) -> str:
         return ", ".join(sorted(m.name for m in METHODS.values() if test(m)))
 
-    summaries = "; ".join(f"{m.name}: {m.summary}" for m in sorted(METHODS.values(), key=lambda m: m.name))
-    p.add_argument("--init", required=True, choices=sorted(METHODS), metavar="METHOD", help=summaries)
     for name, flag in USER_INPUTS.items():
         p.add_argument(flag, dest=name, help=f"{INPUTS[name]}; read by {users(lambda m: name in m.needs)}")
     for option in all_options().values():
@@ -529,153 +529,28 @@ def init_args(args) -> dict:
     }
 
 
-def add_keep_marks_arg(p: argparse.ArgumentParser, where: str) -> None:
-    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS, MIN_MARK_SHARE
+def stage_parser(sub, name: str, stage, func, **options) -> argparse.ArgumentParser:
+    """A subcommand whose flags are ``stage``'s declared settings (:mod:`vocgraft.settings`)."""
+    from vocgraft.settings.flags import add_settings
 
-    p.add_argument(
-        "--keep-marks",
-        choices=KEEP_MARKS_SETTINGS,
-        default="auto",
-        help=f"keep combining marks (vowel signs, viramas) with their letters in {where}; auto: on when the "
-        f"source's regex cuts them off, they are at least {MIN_MARK_SHARE * 100:.0f}%% of the corpus's letters, and "
-        "the source would not start producing tokens it never produced; with a given aux/target tokenizer: as that "
-        "one does",
-    )
+    p = sub.add_parser(name, help=stage.summary)
+    add_settings(p, stage.settings, **options)
+    if "init" in stage.by_name:
+        add_method_args(p)
+    p.set_defaults(func=func)
+    return p
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="HF directory, hub id, .gguf file, or a packaged model: 'smollm2' (default) or 'gemma3-270m'",
-    )
-    add_device_args(p)
+    from vocgraft.settings import common
+    from vocgraft.settings.flags import add_settings
 
-
-def add_device_args(p: argparse.ArgumentParser, *, dtype: bool = True, dtype_help: str | None = None) -> None:
-    """``--device`` and (unless ``dtype`` is False) ``--dtype``: resolved by :mod:`vocgraft.devices`."""
-    from vocgraft.devices import DEVICE_HELP, DTYPE_CHOICES, DTYPE_HELP
-
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    if dtype:
-        p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=dtype_help or DTYPE_HELP)
-
-
-def add_surgery_arg(p: argparse.ArgumentParser) -> None:
-    from vocgraft.recipes.common import SURGERY_HELP, SURGERY_PATHS
-
-    p.add_argument("--surgery", default="auto", choices=SURGERY_PATHS, help=SURGERY_HELP)
-
-
-def add_train_args(p: argparse.ArgumentParser, *, strategies: bool = True, lr: float = 1e-4) -> None:
-    """LAPT's flags. With ``strategies`` (`vocgraft train`) a recipe (``--recipe``) fills in every recipe setting
-    not given, so those flags default to None here; without (`vocgraft vocadt`) they take the papers' values."""
-    from vocgraft.train.data import DEFAULT_JOIN, JOINS
-    from vocgraft.train.objectives import OBJECTIVES
-    from vocgraft.train.recipe import DEFAULT_RECIPE, PAPERS, RECIPES
-    from vocgraft.train.strategies import STRATEGIES
-
-    def preset(name: str, value=None):
-        """(default, help suffix) of a recipe setting"""
-        value = PAPERS[name] if value is None else value
-        return (None, f" (default: the recipe's; {DEFAULT_RECIPE}: {value})") if strategies else (value, "")
-
-    p.add_argument(
-        "--model", required=True, help="model directory (e.g. the output of vocgraft expand), hub id or alias"
-    )
-    p.add_argument(
-        "--corpus", required=True, nargs="+", help="target-language text: file, folder, JSONL or hf:dataset spec; "
-        "several make a mix (see --corpus-weights)"
-    )  # fmt: skip
-    p.add_argument(
-        "--corpus-weights", type=float, nargs="+", help="sampling weight per --corpus (default: equal shares)"
-    )
-    p.add_argument("--out", required=True, help="where the trained model directory goes")
-    if strategies:
-        p.add_argument(
-            "--recipe", default=DEFAULT_RECIPE, choices=list(RECIPES), help="preset of the settings below marked "
-            "'the recipe's' (papers: 2x2 + MTP, 2 epochs, lr 1e-4 cosine, 100 warmup updates, weight decay 0.01, "
-            "batch 8 x 512; quick: LoRA + CLM, 100 updates); a flag given wins over its recipe value"
-        )  # fmt: skip
-        default, more = preset("strategy")
-        p.add_argument(
-            "--strategy", default=default, choices=STRATEGIES, help="two-stage, two-stage-2x2: embeddings + head "
-            f"first, then LoRA or 2x2{more}"
-        )  # fmt: skip
-        default, more = preset("objective")
-        p.add_argument("--objective", default=default, choices=OBJECTIVES, help=f"mtp adds a head predicting t+2{more}")
-        p.add_argument(
-            "--stage1-share", type=float, default=0.5, help="two-stage strategies: share of the updates for "
-            "embeddings + head only"
-        )  # fmt: skip
-    default, more = preset("seq_len")
-    p.add_argument("--seq-len", type=int, default=default, help=f"tokens per training sequence{more}")
-    default, more = preset("batch_size")
-    p.add_argument("--batch-size", type=int, default=default, help=f"sequences per process and micro-batch{more}")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    budget = p.add_mutually_exclusive_group()
-    default, more = preset("epochs")
-    budget.add_argument("--epochs", type=float, default=default, help=f"passes over the data (fractional){more}")
-    budget.add_argument(
-        "--max-steps", type=int, help="optimizer updates, whatever the data's size (past one pass the data is "
-        "reshuffled and goes on): equal updates for models with different tokenizers"
-    )  # fmt: skip
-    budget.add_argument(
-        "--max-tokens", type=int, help="a budget in training tokens: this // (global batch x --seq-len) updates"
-    )
-    default, more = preset("lr", lr)
-    p.add_argument("--lr", type=float, default=default, help=f"peak learning rate (cosine schedule){more}")
-    default, more = preset("warmup_steps")
-    p.add_argument(
-        "--warmup-steps", type=int, default=default, help="linear warmup updates, at most 10%% of each phase's "
-        f"updates and at least 1{more}"
-    )  # fmt: skip
-    default, more = preset("weight_decay")
-    p.add_argument("--weight-decay", type=float, default=default, help=f"AdamW's decoupled weight decay{more}")
-    p.add_argument(
-        "--join", default=DEFAULT_JOIN, choices=JOINS, help="what joins corpus lines when they are packed into "
-        "sequences: newline (a line break token, as the tokenizer encodes one after text), eos (the model learns to "
-        "stop after every line) or none"
-    )  # fmt: skip
-    if strategies:
-        p.add_argument(
-            "--new-rows-lr-scale", type=float, default=1.0, help="learning rate of the new vocabulary rows (the "
-            "model's vocgraft-plan.json: expanded or non-copied ids; input embedding, head and MTP head) as a "
-            "multiple of --lr, schedule included; 0 freezes them"
-        )  # fmt: skip
-        p.add_argument(
-            "--new-rows-weight-decay", type=float, help="weight decay of the new vocabulary rows (default: "
-            "--weight-decay)"
-        )  # fmt: skip
-    p.add_argument("--sample", type=int, help="|D|: train on a seeded sample of this many lines")
-    p.add_argument("--val-lines", type=int, default=256, help="lines held out for the validation loss")
-    p.add_argument("--eval-every", type=int, help="steps between validation losses (default: 10 over the run)")
-    p.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
-    p.add_argument("--save-minutes", type=float, help="also checkpoint after this many minutes of training")
-    p.add_argument("--checkpoint-dir", help="default: <out>.checkpoints")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep the last checkpoint after success")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (if any)")
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--field", default="text", help="JSONL/dataset field holding the text")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    add_device_args(
-        p,
-        dtype_help="dtype the model is loaded and saved in: auto (as the checkpoint stores it), bfloat16, float16 or "
-        "float32; trained weights are kept in float32 while training",
-    )
-    p.add_argument(
-        "--mixed-precision", default="auto", choices=("auto", "no", "bf16", "fp16"),
-        help="compute precision (accelerate autocast; master weights and optimizer state stay float32): auto = bf16 "
-        "where the device computes bfloat16 natively (a GPU with bf16, a CPU with avx512_bf16/AMX) or the weights are "
-        "bfloat16, fp16 for float16 weights on a GPU, else no; --resume keeps the run's",
-    )  # fmt: skip
-    p.add_argument(
-        "--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (less memory)"
-    )
+    add_settings(p, (common.MODEL, common.DEVICE, common.DTYPE))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vocgraft import settings
+
     parser = argparse.ArgumentParser(prog="vocgraft", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -686,180 +561,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("methods", help="list the init methods: what each needs, its settings, its paper")
     p.set_defaults(func=cmd_methods)
 
-    p = sub.add_parser("eval", help="token counts, speedup proxy, bits per byte and perplexity on a text")
-    add_model_arg(p)
-    p.add_argument("--text", required=True, help="text file, folder, .jsonl, or hf:NAME[:SPLIT]")
-    p.add_argument("--field", default="text", help="JSONL / dataset field holding the text")
-    p.add_argument("--baseline-tokenizer", help="tokenizer (or model) to compare token counts with: the speedup proxy")
-    p.add_argument("--limit", type=int, help="only the first N lines")
-    p.add_argument("--max-length", type=int, default=512, help="context window for bits/byte (longer lines: strided)")
-    p.add_argument("--batch-size", type=int, default=8, help="batch budget = batch size x max length tokens")
-    p.add_argument("--no-bpb", action="store_true", help="token counts only; skip the model forward passes")
-    p.add_argument("--json", help="also write the full result as JSON to this path (- for stdout)")
-    p.set_defaults(func=cmd_eval)
+    p = stage_parser(sub, "eval", settings.stage("eval"), cmd_eval)
 
-    p = sub.add_parser(
-        "lm-eval-task", help="held-out text as an lm-evaluation-harness task, and the lm_eval command that scores a "
-        "model on it as `vocgraft eval` does"
-    )  # fmt: skip
-    add_model_arg(p)
-    p.add_argument("--text", required=True, help="held-out text: file, folder, .jsonl, or hf:NAME[:SPLIT]")
-    p.add_argument("--field", default="text", help="JSONL / dataset field holding the text")
-    p.add_argument("--out", required=True, help="the task folder to write (the YAML and the lines it scores)")
-    p.add_argument("--name", help="task name (default: vocgraft_<file name>)")
-    p.add_argument("--limit", type=int, help="only the first N lines")
-    p.add_argument("--max-length", type=int, default=512, help="context window, as vocgraft eval's --max-length")
-    p.add_argument("--batch-size", type=int, default=8, help="lm_eval --batch_size (windows per forward pass)")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=cmd_lm_eval_task)
+    stage_parser(sub, "lm-eval-task", settings.stage("lm-eval-task"), cmd_lm_eval_task)
 
     p = sub.add_parser("tokenizer", help="tokenizer stage")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)
-    t = tsub.add_parser("train", help="train an auxiliary target-language tokenizer")
-    t.add_argument("--corpus", required=True, help="text file, folder, .jsonl, or hf:NAME[:SPLIT]")
-    t.add_argument("--field", default="text")
-    t.add_argument("--kind", required=True, choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"])
-    t.add_argument("--vocab-size", type=int, default=50000)
-    t.add_argument("--like", help="source model/tokenizer whose pre-tokenization and special tokens to copy")
-    add_keep_marks_arg(t, "the split regex copied from a byte-level --like")
-    t.add_argument("--sample", type=int, help="train on a seeded sample of N lines")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", required=True)
-    t.add_argument("--overwrite", action="store_true")
-    t.set_defaults(func=cmd_tokenizer_train)
-
-    p = sub.add_parser("expand", help="add the top-k target-language tokens as real merges and initialize them")
-    add_model_arg(p)
-    p.add_argument("--corpus", required=True, help="target-language training text")
-    p.add_argument("--field", default="text")
-    p.add_argument("--new-tokens", type=int, required=True, help="k: vocabulary rows to add (intermediates count)")
-    add_init_args(p)
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--aux-tokenizer", help="a trained auxiliary tokenizer (default: train one on --corpus)")
-    p.add_argument("--aux-vocab-size", type=int, default=16000)
-    p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
-    p.add_argument("--protect", help="text whose tokenization must not change (e.g. source-language text)")
-    p.add_argument(
-        "--scripts",
-        default="auto",
-        help="writing systems new tokens must use: auto (the corpus's dominant ones, e.g. DEVANAGARI), any, "
-        "or a comma list of Unicode name prefixes such as GREEK or HIRAGANA,KATAKANA,CJK",
-    )
-    add_surgery_arg(p)
-    add_keep_marks_arg(p, "the expanded tokenizer's split regex (byte-level BPE sources)")
-    p.add_argument("--heldout", help="held-out text: report tokens/line before/after and new-token usage")
-    p.add_argument("--eval-limit", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_expand)
-
-    p = sub.add_parser("replace", help="replace the tokenizer with a target-language one and initialize the new rows")
-    add_model_arg(p)
-    p.add_argument("--corpus", required=True, help="target-language training text (tokenizer, FOCUS, Align...)")
-    p.add_argument("--field", default="text")
-    p.add_argument("--tokenizer", help="the target tokenizer (default: train one on --corpus)")
-    p.add_argument(
-        "--kind",
-        choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"],
-        help="kind of the trained target tokenizer (default: the source's family)",
-    )
-    p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
-    add_keep_marks_arg(p, "the split regex of a trained byte-level target tokenizer")
-    add_init_args(p)
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--sample", type=int, help="use a seeded sample of N corpus lines")
-    add_surgery_arg(p)
-    p.add_argument("--heldout", help="held-out text: report tokens/line before/after")
-    p.add_argument("--eval-limit", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_replace)
-
+    stage_parser(tsub, "train", settings.stage("tokenizer train"), cmd_tokenizer_train)
+    stage_parser(sub, "expand", settings.stage("expand"), cmd_expand)
+    stage_parser(sub, "replace", settings.stage("replace"), cmd_replace)
     p = sub.add_parser("plm", help="a small target-language LM (SALT's target PLM when none can be downloaded)")
     psub = p.add_subparsers(dest="plm_command", required=True)
-    t = psub.add_parser("train", help="train a small GPT-2-style LM from scratch with the target tokenizer")
-    t.add_argument("--corpus", required=True)
-    t.add_argument("--tokenizer", required=True, help="the target tokenizer (a directory)")
-    t.add_argument("--out", required=True)
-    t.add_argument("--minutes", type=float, default=5.0, help="time budget")
-    t.add_argument("--steps", type=int, help="step budget (whichever runs out first)")
-    t.add_argument("--max-lines", type=int)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--overwrite", action="store_true")
-    add_device_args(t, dtype=False)  # a small model trained from scratch: float32
-    t.set_defaults(func=cmd_plm_train)
+    stage_parser(psub, "train", settings.stage("plm train"), cmd_plm_train)
 
-    p = sub.add_parser("train", help="language-adaptive pre-training (LAPT) of a model on the target corpus")
-    add_train_args(p)
-    p.set_defaults(func=cmd_train)
-    p = sub.add_parser(
-        "vocadt", help="replace the tokenizer; learn new embeddings as adapters over the frozen model (VocADT)"
-    )
-    add_train_args(p, strategies=False, lr=VOCADT_LR)
-    p.add_argument("--tokenizer", help="the target tokenizer (default: train one on the --corpus mix)")
-    p.add_argument("--kind", choices=["bytelevel-bpe", "sp-bpe", "sp-unigram"], help="kind of the trained tokenizer")
-    p.add_argument("--vocab-size", type=int, default=50000, help="size of the trained target tokenizer")
-    p.add_argument(
-        "--alpha", type=float, default=0.1, help="aux-loss weight keeping shared tokens' rows near their start "
-        "(paper 004: 0.1 for non-Latin scripts, 0 for Latin)"
-    )  # fmt: skip
-    form = p.add_mutually_exclusive_group()
-    form.add_argument("--max-candidates", type=int, default=64, help="K nearest old rows per new row (sparse form)")
-    form.add_argument("--dense", action="store_true", help="a full |Vnew| x |Vold| adapter (large GPUs only)")
-    p.add_argument(
-        "--adapters", choices=["separate", "shared"], default="separate", help="separate input and output adapters "
-        "(paper 004's form; a tied source is saved untied) or one adapter on both sides (a tied source stays tied)"
-    )  # fmt: skip
-    p.set_defaults(func=cmd_vocadt)
+    from vocgraft.settings.train import recipe_help
+    from vocgraft.settings.vocadt import training_defaults
 
-    p = sub.add_parser("downstream", help="generation speed, MT chrF and NLI/SUM/SPAN scores (vs a baseline model)")
-    p.add_argument("--model", required=True, help="the adapted model")
-    p.add_argument("--baseline", help="its source model, measured in the same run")
-    p.add_argument("--lang", required=True, help="target language code (prompt templates, MT language name)")
-    p.add_argument("--prompts", help="text whose lines' beginnings are generation prompts (speed, new-token share)")
-    p.add_argument("--num-prompts", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=64, help="generation speed: tokens per prompt")
-    p.add_argument("--mt", help="parallel english<TAB>target file, e.g. ../shared/corpora/parallel/en-el.tsv")
-    p.add_argument("--mt-directions", nargs="+", default=["en-xx", "xx-en"], choices=["en-xx", "xx-en"])
-    p.add_argument("--shots", type=int, default=3, help="MT examples in the prompt (the file's first pairs)")
-    p.add_argument("--mt-limit", type=int, default=50, help="MT test pairs (after the examples)")
-    p.add_argument("--mt-max-new-tokens", type=int, default=256, help="MT answer budget (stops at a line break)")
-    p.add_argument("--mt-template", help="default: 'Translate {source_language} to {target_language}: {source} ='")
-    p.add_argument("--task", action="append", help="TASK=FILE with TASK nli, sum or span (JSONL); repeatable")
-    p.add_argument("--templates", help="JSON {task: template, 'nli_labels': [...]} overriding the shipped ones")
-    p.add_argument("--json", help="also write everything (every MT hypothesis too) to this JSON file (- for stdout)")
-    add_device_args(p)
-    p.set_defaults(func=cmd_downstream)
+    stage_parser(sub, "train", settings.stage("train"), cmd_train, suffix=recipe_help)
+    # no recipe: the papers' values, VocADT's own learning rate
+    stage_parser(sub, "vocadt", settings.stage("vocadt"), cmd_vocadt, defaults=training_defaults())
+    stage_parser(sub, "downstream", settings.stage("downstream"), cmd_downstream)
 
     p = sub.add_parser("export", help="write a model for another engine")
     esub = p.add_subparsers(dest="export_command", required=True)
-    e = esub.add_parser("gguf", help="one .gguf file for llama.cpp, tokenizing exactly as the model's tokenizer does")
-    e.add_argument("--model", required=True, help="a vocgraft output or a Llama/Qwen2 causal-LM directory")
-    e.add_argument("--out", required=True, help="the .gguf file to write")
-    e.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"],
-                   help="tensor type (1-D tensors and norms stay f32)")  # fmt: skip
-    e.add_argument(
-        "--text", help="text to measure a refused tokenizer on (default: the output's held-out text, if its "
-        "manifest names the corpus)"
-    )  # fmt: skip
-    e.add_argument(
-        "--force-pre", metavar="TYPE", help="write this llama.cpp pre-tokenizer type although llama.cpp will "
-        "tokenize some text differently (the refusal names the nearest type and how much)"
-    )  # fmt: skip
-    e.add_argument("--overwrite", action="store_true", help="replace a .gguf file vocgraft wrote")
-    e.set_defaults(func=cmd_export_gguf)
+    stage_parser(esub, "gguf", settings.stage("export gguf"), cmd_export_gguf)
 
+    overrides = "KEY=VALUE settings overriding the config's, e.g. train.lr=3e-4 eval.limit=50 (see vocgraft.settings)"
     p = sub.add_parser("run", help="the whole pipeline from a YAML config; finished stages are reused")
     p.add_argument("config", help="YAML config (see examples/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=overrides)
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("sweep", help="the pipeline over k x init (x |D|), with report.md, plots and a recommendation")
+    p = stage_parser(sub, "sweep", settings.stage("sweep"), cmd_sweep)
     p.add_argument("config", help="YAML config (see examples/); the grid overrides adapt.new_tokens / adapt.init")
-    p.add_argument("--k", help="new-token counts, e.g. 50,100,500,1000,5000")
-    p.add_argument("--init", help="init methods, e.g. random,mean,align")
-    p.add_argument("--sizes", help="LAPT corpus sizes |D|, e.g. 2^10..2^15 (needs a train section)")
-    p.add_argument("--tolerance", type=float, help="allowed relative bits/byte loss vs the source (default 0.02)")
-    p.add_argument("--jobs", type=int, default=1, help="settings run in parallel processes")
-    p.set_defaults(func=cmd_sweep)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=overrides)
     p = sub.add_parser("demo", help="the main job on the embedded defaults: a small Greek sweep with a recommendation")
     add_model_arg(p)
     p.add_argument("--lang", default="el", help="a language folder of the shared corpora")

@@ -24,10 +24,10 @@ from vocgraft.checkpoint import ModelLoadError, checkpoint_tensors, stored_dtype
 from vocgraft.compat import dtype_kwargs, gguf_conversion_problem, gguf_dequantize_kwargs, no_hub_kernels
 from vocgraft.devices import DtypeChoice
 from vocgraft.outdir import make_temp_dir, publish_shared_dir
+from vocgraft.settings.common import DEFAULT_MODEL  # noqa: F401 (declared with the --model setting)
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.tokenization.spec import tokenizer_family
 
-DEFAULT_MODEL = "smollm2"
 # part of the cache key: a change to what _convert_gguf writes bumps it, so no stale conversion is reused
 # (2: the tokenizer gets llama.cpp's pre-tokenizer for tokenizer.ggml.pre, SmolLM2's single digits; 3: a Gemma 3
 # file's rope scaling, soft-capping and query scale as llama.cpp reads them, vocgraft.gguf_gemma3)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 from collections.abc import Callable
@@ -18,95 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.parsing import ArgumentError, parse_ints  # below preflight and the pipeline: no import circle
+from vocgraft.settings import rules as settings_rules
+from vocgraft.settings.common import MAX_VOCAB, MIN_VOCAB  # noqa: F401 (re-exported)
+from vocgraft.settings.setting import finite
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _finite(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
-# dest -> (test, what it must be); a value of None (the flag not given) is never checked
+# dest -> (test, what it must be), from the settings' declarations (vocgraft.settings): a flag's range is the same
+# as its pipeline key's; a value of None (the flag not given) is never checked
 Rule = tuple[Callable[[Any], bool], str]
-AT_LEAST_1: Rule = (lambda v: v >= 1, "positive")
-POSITIVE: Rule = (lambda v: _finite(v) and v > 0, "> 0 (a finite number)")
-NON_NEGATIVE: Rule = (lambda v: _finite(v) and v >= 0, ">= 0 (a finite number)")
-# 256 byte symbols (or byte-fallback pieces) plus the special tokens come before any learned token
-MIN_VOCAB = 300
-MAX_SEED = (1 << 32) - 1
-RULES: dict[str, Rule] = {
-    # a training sequence needs a token and the next one to predict: with 1 every loss is nan
-    "seq_len": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
-    "max_length": (lambda v: v >= 2, "at least 2 (a token and the next one to predict)"),
-    "lr": POSITIVE,
-    "minutes": POSITIVE,
-    "save_minutes": POSITIVE,
-    "epochs": POSITIVE,
-    "max_grad_norm": POSITIVE,
-    "weight_decay": NON_NEGATIVE,
-    "new_rows_weight_decay": NON_NEGATIVE,
-    "new_rows_lr_scale": NON_NEGATIVE,  # 0 freezes the new rows
-    "alpha": NON_NEGATIVE,
-    "stage1_share": (lambda v: _finite(v) and 0 < v < 1, "between 0 and 1 (exclusive)"),
-    "tolerance": (lambda v: _finite(v) and 0 <= v <= 1, "a fraction between 0 and 1 (0.02 = 2%)"),
-    "vocab_size": (
-        lambda v: v >= MIN_VOCAB,
-        f"at least {MIN_VOCAB} (256 byte pieces + special tokens; thousands in practice)",
-    ),  # fmt: skip
-    "aux_vocab_size": (
-        lambda v: v >= MIN_VOCAB,
-        f"at least {MIN_VOCAB} (256 byte pieces + special tokens; thousands in practice)",
-    ),  # fmt: skip
-    # warmup exists so that the first update is not at the full rate: 0 would undo that (schedule.warmup_for)
-    "warmup_steps": (lambda v: v >= 1, "at least 1"),
-    "shots": (lambda v: v >= 0, "at least 0"),
-    # numpy's generator (seeded by `train`) takes 0 .. 2^32 - 1: -1 crashed `train`; one range for every command
-    "seed": (lambda v: 0 <= v <= MAX_SEED, f"between 0 and {MAX_SEED:,}"),
-    **{
-        name: AT_LEAST_1
-        for name in (
-            "sample",
-            "limit",
-            "eval_limit",
-            "batch_size",
-            "grad_accum",
-            "max_steps",
-            "max_tokens",
-            "save_every",
-            "val_lines",
-            "eval_every",
-            "new_tokens",
-            "max_lines",
-            "num_prompts",
-            "max_new_tokens",
-            "mt_limit",
-            "mt_max_new_tokens",
-            "jobs",
-            "max_candidates",
-            "steps",  # `plm train --steps 0` saved an untrained model
-        )
-    },  # fmt: skip
-}
-# upper bounds: a size past these is a typo (an extra zero), and some would be allocated at once (the BPE trainer
-# reserves its vocabulary up front: --aux-vocab-size 10000000000 aborted the process in a 566 GB allocation)
-MAX_VOCAB = 1 << 22  # 4,194,304 tokens: 16x Gemma's 262K, the largest vocabulary in use
-MAX_COUNT = (1 << 31) - 1  # lines, steps, prompts: what an int32 index holds
-MAXIMA: dict[str, int | float] = {
-    "seq_len": 1 << 20, "max_length": 1 << 20, "vocab_size": MAX_VOCAB, "aux_vocab_size": MAX_VOCAB,
-    "new_tokens": MAX_VOCAB, "batch_size": 1 << 16, "grad_accum": 1 << 16, "max_candidates": 1 << 16,
-    "jobs": 1024, "shots": 1000, "max_new_tokens": 1 << 20, "mt_max_new_tokens": 1 << 20,
-    "minutes": 1e6, "epochs": 1e6, "lr": 1e3, "max_grad_norm": 1e9, "weight_decay": 1e3, "alpha": 1e6,
-    "new_rows_weight_decay": 1e3, "new_rows_lr_scale": 1e6, "max_tokens": 1 << 50,
-    **{name: MAX_COUNT for name in (
-        "sample", "limit", "eval_limit", "max_steps", "save_every", "val_lines", "eval_every", "max_lines",
-        "num_prompts", "mt_limit", "warmup_steps", "steps",
-    )},
-}  # fmt: skip
-for _dest, _most in MAXIMA.items():
-    _test, _wanted = RULES[_dest]
-    RULES[_dest] = (lambda v, t=_test, m=_most: t(v) and v <= m, f"{_wanted}, and at most {_most:,}")
+RULES: dict[str, Rule] = settings_rules()
 # bytes the BPE trainer holds per vocabulary entry it reserves (566 GB for 10^10 entries): the estimate that
 # refuses a vocabulary size before training starts
 TRAINER_BYTES_PER_TOKEN = 64
@@ -126,7 +49,7 @@ def check_numbers(args: Any) -> None:
         if not test(value):
             raise ArgumentError(f"{_flag(dest)} must be {wanted}; got {value}.")
     for weight in getattr(args, "corpus_weights", None) or []:
-        if not (_finite(weight) and weight > 0):
+        if not (finite(weight) and weight > 0):
             raise ArgumentError(f"--corpus-weights must be finite numbers > 0; got {weight}.")
     for dest in ("vocab_size", "aux_vocab_size"):  # tokenizer training runs on the host, whatever the device
         size = getattr(args, dest, None)

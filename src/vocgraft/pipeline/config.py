@@ -6,8 +6,8 @@
     lang: el
     out: runs/el
     sample: 8192                 # corpus lines for the tokenizer and the initialization
-    adapt: {mode: expand, new_tokens: 1000, init: align}
-    train: {strategy: lora, max_steps: 50, batch_size: 2}      # optional
+    adapt: {mode: expand, new_tokens: 1000, init: align}      # mode: expand | replace | vocadt
+    train: {recipe: quick, max_steps: 50, batch_size: 2}       # optional
     eval: {limit: 200, mt: ../shared/corpora/parallel/en-el.tsv}
     report: {tolerance: 0.02}    # source_lapt: true (with train: the source + the same LAPT is the reference)
     device: auto                 # auto (a GPU when there is one) | cpu | cuda | cuda:N
@@ -18,10 +18,15 @@ that loads a model; ``adapt``, ``train`` and ``eval`` may each set their own (``
 ``adapt.dtype`` is the dtype the adapted model is saved in; ``adapt.surgery`` (auto | shards | full) picks how it is
 edited (auto: on its safetensors files without loading it, when the init method needs no forward pass);
 ``train.mixed_precision`` (auto | no | bf16 | fp16) and ``train.gradient_checkpointing`` are LAPT's.
-``train.recipe`` fills in the LAPT settings the section leaves out: ``quick`` (the default: LoRA + CLM for 100
-updates) or ``papers`` (2x2 + MTP, 2 epochs, lr 1e-4 cosine, warmup 100); ``train.join`` (newline | eos | none) is
-what joins corpus lines in training sequences, ``train.new_rows_lr_scale`` the new vocabulary rows' learning rate
-as a multiple of ``lr``.
+``train.recipe`` fills in the LAPT settings the section leaves out: ``papers`` (the default, as `vocgraft
+train`'s: 2x2 + MTP, 2 epochs, lr 1e-4 cosine, warmup 100) or ``quick`` (LoRA + CLM for 100 updates);
+``train.join`` (newline | eos | none) is what joins corpus lines in training sequences, ``train.new_rows_lr_scale``
+the new vocabulary rows' learning rate as a multiple of ``lr``. ``adapt.mode: vocadt`` trains VocADT's adapters in
+the adapt stage, with the settings of ``adapt.vocadt`` (``{alpha: 0.1, max_steps: 50, lr: 3e-4}``); ``adapt.init``
+is then not used.
+
+Every key, its type, default and range is declared once in :mod:`vocgraft.settings`, where the command line's flags
+come from too; ``vocgraft run CONFIG train.lr=3e-4 eval.limit=50`` overrides keys (:func:`load_config`).
 """
 
 from __future__ import annotations
@@ -31,85 +36,24 @@ from pathlib import Path
 from typing import Any
 
 from vocgraft.errors import UserError
+from vocgraft.settings import SECTIONS
+from vocgraft.settings.run import REQUIRED as TOP_REQUIRED
+from vocgraft.settings.schema import REQUIRED, problems, section_schema
 
-REQUIRED = object()
-PIPELINE_RECIPE = "quick"  # the train section's recipe when it names none
-
-# key -> (type(s), default); a dict value is a nested section
-SCHEMA: dict[str, Any] = {
-    "model": (str, "smollm2"),
-    "corpus": (str, REQUIRED),
-    "heldout": (str, REQUIRED),
-    "lang": (str, None),
-    "out": (str, REQUIRED),
-    "seed": (int, 0),
-    "sample": (int, None),
-    "device": (str, "auto"),
-    "dtype": (str, "auto"),
-    "adapt": {
-        "mode": (str, "expand"),
-        "new_tokens": (int, 100),
-        "init": (str, "align"),
-        "aux_vocab_size": (int, 16000),
-        "vocab_size": (int, 50000),
-        "scripts": (str, "auto"),  # auto | any | comma-separated script names (tokenization.scripts)
-        "keep_marks": (str, "auto"),  # auto | on | off: combining marks stay with letters (tokenization.marks)
-        "protect": (str, None),
-        "protect_lines": (int, 8192),
-        "surgery": (str, "auto"),
-        "device": (str, None),  # None: the top-level value
-        "dtype": (str, None),
-    },
-    "train": {
-        # a LAPT recipe (train/recipe.py) fills in the settings below left unset (None): quick (LoRA + CLM for 100
-        # updates) or papers (2x2 + MTP, 2 epochs)
-        "recipe": (str, PIPELINE_RECIPE),
-        "strategy": (str, None),
-        "objective": (str, None),
-        "seq_len": (int, None),
-        "batch_size": (int, None),
-        "grad_accum": (int, 1),
-        "epochs": ((int, float), None),  # one budget: epochs, max_steps (updates) or max_tokens
-        "max_steps": (int, None),
-        "max_tokens": (int, None),
-        "lr": ((int, float), None),
-        "warmup_steps": (int, None),
-        "weight_decay": ((int, float), None),
-        "join": (str, "newline"),  # newline | eos | none: what joins corpus lines in training sequences
-        "new_rows_lr_scale": ((int, float), 1.0),  # the new vocabulary rows' lr, a multiple of lr
-        "new_rows_weight_decay": ((int, float), None),  # None: weight_decay
-        "stage1_share": ((int, float), 0.5),  # two-stage strategies: the embeddings + head phase's share
-        "sample": (int, None),
-        "val_lines": (int, 256),
-        "mixed_precision": (str, "auto"),
-        "gradient_checkpointing": (bool, False),
-        "device": (str, None),
-        "dtype": (str, None),
-    },
-    "eval": {
-        "limit": (int, 200),
-        "max_length": (int, 512),
-        "mt": (str, None),
-        "mt_limit": (int, 20),
-        "shots": (int, 3),
-        "prompts": (int, 0),
-        "max_new_tokens": (int, 32),
-        "nli": (str, None),  # JSONL task files (eval/tasks.py formats), scored with lang's templates
-        "sum": (str, None),
-        "span": (str, None),
-        "device": (str, None),
-        "dtype": (str, None),
-    },
-    "report": {
-        "tolerance": ((int, float), 0.02),
-        # with a train section: also train the source with the same LAPT and judge trained models against it
-        "source_lapt": (bool, True),
-    },
-}
 OPTIONAL_SECTIONS = {"train"}  # absent = that stage is skipped
-MODES = ("expand", "replace")
 PLACED_SECTIONS = ("adapt", "train", "eval")  # sections that may override the top-level device and dtype
-MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+
+
+def base_schema() -> dict[str, Any]:
+    """key -> (type(s), default), a dict value being a nested section: every key from the settings' declarations
+    (:data:`vocgraft.settings.SECTIONS`)."""
+    full = section_schema(SECTIONS[""], TOP_REQUIRED)
+    for name, settings in SECTIONS.items():
+        if name:
+            *outer, inner = name.split(".")
+            holder = full[outer[0]] if outer else full
+            holder[inner] = section_schema(settings)
+    return full
 
 
 class ConfigError(UserError, ValueError):
@@ -150,8 +94,9 @@ def _check(section: dict, schema: dict, where: str, source: str) -> dict:
             out[key] = default
             continue
         value = section[key]
-        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
-            wanted = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        kinds = types if isinstance(types, tuple) else (types,)
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            wanted = " or ".join(t.__name__ for t in kinds)
             raise ConfigError(f"{source}: {name} must be {wanted}; got {shown(value)}.")
         out[key] = value
     return out
@@ -162,7 +107,7 @@ def schema() -> dict:
     from vocgraft.init import all_options
     from vocgraft.recipes.common import USER_INPUTS
 
-    full = {key: dict(rule) if isinstance(rule, dict) else rule for key, rule in SCHEMA.items()}  # REQUIRED stays
+    full = base_schema()
     full["adapt"] |= {name: (str, None) for name in USER_INPUTS}
     full["adapt"] |= {o.name: ((int, float) if o.type is float else o.type, None) for o in all_options().values()}
     return full
@@ -217,21 +162,12 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     config = _check(raw, schema(), "", source)
     if config["train"] is not None:
         config["train"] = _with_recipe(config["train"], source)
+    _one_budget(config["adapt"]["vocadt"], "adapt.vocadt", source)
     adapt = config["adapt"]
-    if adapt["mode"] not in MODES:
-        raise ConfigError(f"{source}: adapt.mode must be one of {', '.join(MODES)}; got {adapt['mode']!r}.")
     from vocgraft.init import METHODS
 
     if adapt["init"] not in METHODS:
         raise ConfigError(f"{source}: adapt.init {adapt['init']!r} is not a method; choose from {sorted(METHODS)}.")
-    from vocgraft.tokenization.marks import KEEP_MARKS_SETTINGS
-
-    if adapt["keep_marks"] not in KEEP_MARKS_SETTINGS:
-        raise ConfigError(
-            f"{source}: adapt.keep_marks must be one of {', '.join(KEEP_MARKS_SETTINGS)}; got {adapt['keep_marks']!r}."
-        )
-    if adapt["new_tokens"] <= 0:
-        raise ConfigError(f"{source}: adapt.new_tokens must be positive; got {adapt['new_tokens']}.")
     from vocgraft.init import MethodInputError, all_options
 
     for option in all_options().values():  # the ranges and choices each setting declares
@@ -264,14 +200,18 @@ def validate(raw: dict, source: str = "config", config_file: str | Path | None =
     return config
 
 
+def _one_budget(section: dict, where: str, source: str) -> None:
+    budgets = [key for key in ("epochs", "max_steps", "max_tokens") if section[key] is not None]
+    if len(budgets) > 1:
+        raise ConfigError(f"{source}: {where}.{budgets[0]} and {where}.{budgets[1]} are two budgets; give one of them.")
+
+
 def _with_recipe(train: dict, source: str) -> dict:
     """The train section with its recipe's values for the settings it leaves unset; one budget at most."""
     from vocgraft.train.data import TrainingError
     from vocgraft.train.recipe import with_recipe
 
-    budgets = [key for key in ("epochs", "max_steps", "max_tokens") if train[key] is not None]
-    if len(budgets) > 1:
-        raise ConfigError(f"{source}: train.{budgets[0]} and train.{budgets[1]} are two budgets; give one of them.")
+    _one_budget(train, "train", source)
     try:
         return with_recipe(train["recipe"], train, "train.recipe")
     except TrainingError as exc:
@@ -298,90 +238,38 @@ def placement(config: dict, section: str) -> tuple[str, str]:
 
 
 def _check_placement(config: dict, source: str) -> None:
-    from vocgraft.devices import DTYPE_CHOICES, DeviceError, resolve_device
-    from vocgraft.recipes.common import SURGERY_PATHS
+    """A device that is not there fails now, not when its stage starts; named by the config's key."""
+    from vocgraft.devices import DeviceError, resolve_device
 
     for where, section in [("", config), *((f"{name}.", config[name]) for name in PLACED_SECTIONS)]:
-        if section is not None and section.get("dtype") is not None and section["dtype"] not in DTYPE_CHOICES:
-            choices = ", ".join(DTYPE_CHOICES)
-            raise ConfigError(f"{source}: {where}dtype must be one of {choices}; got {section['dtype']!r}.")
         if section is not None and section.get("device") is not None:
-            try:  # a device that is not there fails now, not when its stage starts; named by the config's key
+            try:
                 resolve_device(section["device"])
             except DeviceError as exc:
                 raise ConfigError(f"{source}: {str(exc).replace('--device', f'{where}device')}") from None
-    if config["adapt"]["surgery"] not in SURGERY_PATHS:
-        raise ConfigError(f"{source}: adapt.surgery must be one of {', '.join(SURGERY_PATHS)}.")
-    if config["train"] is not None and config["train"]["mixed_precision"] not in MIXED_PRECISION:
-        raise ConfigError(f"{source}: train.mixed_precision must be one of {', '.join(MIXED_PRECISION)}.")
-
-
-# section.key -> (test, what it must be): the ranges the CLI's flags have (preflight.RULES), for the YAML keys
-def _ranges() -> dict[str, tuple]:
-    from vocgraft.preflight import MAX_COUNT, RULES
-
-    return {
-        "seed": RULES["seed"],
-        "sample": RULES["sample"],
-        "adapt.aux_vocab_size": RULES["aux_vocab_size"],
-        "adapt.vocab_size": RULES["vocab_size"],
-        "adapt.protect_lines": RULES["max_lines"],
-        **{
-            f"train.{key}": RULES[key]
-            for key in (
-                "seq_len",
-                "batch_size",
-                "grad_accum",
-                "epochs",
-                "max_steps",
-                "max_tokens",
-                "lr",
-                "warmup_steps",
-                "weight_decay",
-                "new_rows_lr_scale",
-                "new_rows_weight_decay",
-                "stage1_share",
-            )
-        },  # fmt: skip
-        "train.sample": RULES["sample"],
-        "train.val_lines": RULES["val_lines"],
-        "eval.limit": RULES["limit"],
-        "eval.max_length": RULES["max_length"],
-        "eval.mt_limit": RULES["mt_limit"],
-        "eval.shots": RULES["shots"],
-        "eval.prompts": (lambda v: 0 <= v <= MAX_COUNT, f"at least 0 and at most {MAX_COUNT:,}"),
-        "eval.max_new_tokens": RULES["max_new_tokens"],
-        "adapt.new_tokens": RULES["new_tokens"],
-        "report.tolerance": RULES["tolerance"],
-    }
 
 
 def check_values(config: dict, source: str) -> None:
-    """Ranges, names and script lists of a validated config, before any stage runs."""
+    """Ranges and choices of a validated config, as its settings declare them (the same as the flags'), and its
+    script list, before any stage runs."""
     from vocgraft.preflight import ArgumentError, check_scripts
-    from vocgraft.train.data import JOINS
-    from vocgraft.train.objectives import OBJECTIVES
-    from vocgraft.train.strategies import STRATEGIES
 
-    for name, (test, wanted) in _ranges().items():
-        section, _, key = name.rpartition(".")
-        holder = config[section] if section else config
-        if holder is None or holder.get(key) is None:
-            continue
-        if not test(holder[key]):
-            raise ConfigError(f"{source}: {name} must be {wanted}; got {holder[key]}.")
-    train = config["train"]
-    if train is not None:
-        for key, allowed in (("strategy", STRATEGIES), ("objective", OBJECTIVES), ("join", JOINS)):
-            if train[key] not in allowed:
-                raise ConfigError(f"{source}: train.{key} {train[key]!r} is not one of {', '.join(allowed)}.")
+    for name, settings in SECTIONS.items():
+        section = config
+        for part in filter(None, name.split(".")):
+            section = section.get(part) if section is not None else None
+        found = problems(settings, section, f"{name}." if name else "")
+        if found:
+            raise ConfigError(f"{source}: {found[0]}.")
     try:
         check_scripts(config["adapt"]["scripts"], "adapt.scripts")
     except ArgumentError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path, overrides: list[str] = ()) -> dict:
+    """The validated config of a YAML file, with ``overrides`` (``train.lr=3e-4``, typed by the declarations)
+    applied before it is checked."""
     import yaml
 
     path = Path(path)
@@ -396,4 +284,12 @@ def load_config(path: str | Path) -> dict:
         raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
-    return validate(raw or {}, str(path), config_file=path)
+    raw = raw or {}
+    if overrides and isinstance(raw, dict):  # not a mapping: validate says so
+        from vocgraft.settings.overrides import OverrideError, apply_overrides
+
+        try:
+            raw = apply_overrides(raw, list(overrides), schema())
+        except OverrideError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    return validate(raw, str(path), config_file=path)

@@ -131,6 +131,8 @@ def run_pipeline(config: dict) -> dict:
     adapt_params = _keyed(
         config, "adapt", dict(adapt, protect=fingerprint(adapt["protect"]) if adapt["protect"] else None, seed=seed)
     )
+    if adapt["mode"] != "vocadt":  # its settings do not change the other modes' stages (nor their earlier keys)
+        adapt_params.pop("vocadt", None)
     final = stage(
         "adapt",
         {**inputs, **adapt_params, "tokenizer": tokenizer.key},
@@ -170,7 +172,7 @@ def run_pipeline(config: dict) -> dict:
     return {
         "mode": adapt["mode"],
         "new_tokens": adapt["new_tokens"] if adapt["mode"] == "expand" else None,
-        "init": adapt["init"],
+        "init": adapt["init"] if adapt["mode"] != "vocadt" else "vocadt",
         "train": config["train"],
         "vocab_size": size,
         "model_dir": str(final.path),
@@ -254,6 +256,8 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
     from vocgraft.recipes.adapt import adapt_model
 
     adapt = config["adapt"]
+    if adapt["mode"] == "vocadt":
+        return _vocadt(config, tokenizer_dir, path)
     device, dtype = placement(config, "adapt")
     step = _step(config, tokenizer_dir)
     _, result = adapt_model(
@@ -269,6 +273,39 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         **method_args(adapt),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}
+
+
+def _vocadt(config: dict, tokenizer_dir: Path, path: Path) -> dict:
+    """``adapt.mode: vocadt``: VocADT's adapters trained over the source with the tokenizer stage's target tokenizer
+    (:func:`vocgraft.recipes.vocadt.vocadt_model`, as `vocgraft vocadt --tokenizer` runs it)."""
+    from vocgraft.pipeline.config import placement
+    from vocgraft.recipes.vocadt import VocadtSettings, vocadt_model
+    from vocgraft.settings.vocadt import training_settings
+    from vocgraft.train.lapt import TrainConfig
+
+    section = config["adapt"]["vocadt"]
+    device, dtype = placement(config, "adapt")
+    settings = VocadtSettings(
+        tokenizer=str(tokenizer_dir),
+        vocab_size=config["adapt"]["vocab_size"],
+        alpha=section["alpha"],
+        candidates=None if section["dense"] else section["max_candidates"],
+        adapters=section["adapters"],
+    )
+    training = TrainConfig(
+        model=config["model"],
+        corpus=config["corpus"],
+        out=str(path),
+        seed=config["seed"],
+        show_progress=False,
+        resume=True,  # a run killed mid-training continues from its last checkpoint
+        device=device,
+        dtype=dtype,
+        **training_settings(section),
+    )
+    summary = vocadt_model(settings, training)
+    facts = {k: summary[k] for k in ("steps", "tokens_per_second", "val_loss_start", "val_loss_end")}
+    return facts | {"vocadt": summary["vocadt"]}
 
 
 def _train(config: dict, model_dir: str | Path, path: Path) -> dict:

@@ -30,7 +30,7 @@ def variants(config: dict, ks: list[int], inits: list[str], sizes: list[int] | N
     """One config per (k, init[, |D|]); expansion varies k, replacement ignores it (one k)."""
     if sizes and config["train"] is None:
         raise ConfigError("--sizes varies the LAPT corpus size |D|: the config needs a train section.")
-    if config["adapt"]["mode"] == "replace":
+    if config["adapt"]["mode"] != "expand":  # replace, vocadt: the target tokenizer's size, not k
         ks = [config["adapt"]["new_tokens"]]
     out = []
     for k, init, size in itertools.product(ks, inits, sizes or [None]):
@@ -277,7 +277,7 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
     intro = (
         f"Source: {src[r.TOKENS_PER_LINE.summary_key()]:.1f} {r.TOKENS_PER_LINE.label}, {source_bpb:.3f} "
         f"{r.BITS_PER_BYTE.label} on the first "
-        f"{config['eval']['limit']} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
+        f"{config['eval']['limit'] or 'all'} lines of {config['heldout']}. Mode {config['adapt']['mode']}, "
         f"{config['sample'] or 'all'} corpus lines for tokenizer and init; "
         + (
             "with LAPT " + ", ".join(f"{k}={v}" for k, v in config["train"].items() if v is not None)

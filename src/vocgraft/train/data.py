@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from vocgraft.errors import UserError
+from vocgraft.settings.train import DEFAULT_JOIN  # noqa: F401 (re-exported; declared with the join setting)
 
 
 class TrainingError(UserError, ValueError):
@@ -19,9 +20,6 @@ class TrainingError(UserError, ValueError):
 
 
 JOINS = ("newline", "eos", "none")  # what joins corpus lines when they are packed (TrainConfig.join)
-# a line break as text: the corpus's lines are a document's paragraphs or sentences, so the model learns to start
-# a new line there, not to end the sequence (with EOS after every line, LAPT teaches it to stop after every line)
-DEFAULT_JOIN = "newline"
 
 
 def separator_ids(tokenizer: Any, join: str) -> list[int]:

@@ -37,11 +37,11 @@ from vocgraft import failpoints
 from vocgraft.diskerrors import translate_disk_errors
 from vocgraft.outdir import check_writable
 from vocgraft.progress import progress
+from vocgraft.settings.train import TRAIN
 from vocgraft.train import checkpoints as ckpt
 from vocgraft.train import new_rows
 from vocgraft.train.checkpoints import SCHEDULER_FILE, STATE_FILE, remove_checkpoints  # noqa: F401 (re-exported)
 from vocgraft.train.data import (
-    DEFAULT_JOIN,
     JOINS,
     BatchOrder,
     TrainingError,
@@ -78,52 +78,56 @@ PRECISION_KEY = "mixed_precision_used"
 UNRECORDED = "unrecorded"  # checkpoints of a vocgraft that did not record it
 
 
+_default = TRAIN.default
+
+
 @dataclass
 class TrainConfig:
     model: str
     corpus: str | list  # a source, or [[source, weight], ...]: a weighted mixture (corpus.read_corpus)
     out: str
-    # the defaults are the papers' recipe (train/recipe.py)
+    # the recipe's settings default to the papers' recipe (train/recipe.py); the others are declared with their
+    # flags and pipeline keys in vocgraft.settings.train
     strategy: str = PAPERS["strategy"]
     objective: str = PAPERS["objective"]
     seq_len: int = PAPERS["seq_len"]
     batch_size: int = PAPERS["batch_size"]  # per process and micro-batch; paper 000 Table 3
-    grad_accum: int = 1
+    grad_accum: int = _default("grad_accum")
     epochs: float = PAPERS["epochs"]  # may be fractional; the batch order starts a new shuffle each epoch
     max_steps: int | None = None  # optimizer updates; overrides epochs (equal updates for models of any tokenizer)
     max_tokens: int | None = None  # a budget in training tokens: max_tokens // tokens per update updates
     lr: float = PAPERS["lr"]
     warmup_steps: int = PAPERS["warmup_steps"]  # at most 10% of a phase's updates, at least 1 (schedule.py)
     weight_decay: float = PAPERS["weight_decay"]
-    stage1_share: float = 0.5  # two-stage strategies: share of the steps that train embeddings + head only
-    join: str = DEFAULT_JOIN  # what joins corpus lines when packed: newline | eos | none (data.separator_ids)
+    stage1_share: float = _default("stage1_share")  # two-stage: share of the steps that train embeddings + head
+    join: str = _default("join")  # what joins corpus lines when packed: newline | eos | none (data.separator_ids)
     # the new vocabulary rows (the model's vocgraft-plan.json): lr = scale x the run's lr; weight decay (None: the
     # run's); new_rows.py
-    new_rows_lr_scale: float = 1.0
-    new_rows_weight_decay: float | None = None
+    new_rows_lr_scale: float = _default("new_rows_lr_scale")
+    new_rows_weight_decay: float | None = _default("new_rows_weight_decay")
     recipe: str | None = None  # the recipe the settings came from (recorded; the settings themselves decide)
-    sample: int | None = None  # |D|: a seeded sample of this many corpus lines
-    val_lines: int = 256  # held out from the corpus for the validation loss
-    eval_every: int | None = None  # default: 10 evaluations over the run
-    save_every: int = 200
-    save_minutes: float | None = None  # also checkpoint after this much training time since the last checkpoint
+    sample: int | None = _default("sample")  # |D|: a seeded sample of this many corpus lines
+    val_lines: int = _default("val_lines")  # held out from the corpus for the validation loss
+    eval_every: int | None = _default("eval_every")  # default: 10 evaluations over the run
+    save_every: int = _default("save_every")
+    save_minutes: float | None = _default("save_minutes")  # also checkpoint after this much training time
     # a wall-clock time (time.time()) after which the run checkpoints and stops with TrainingStopped, to be
     # continued with resume=True: a run that must fit in a bounded session
     stop_at: float | None = None
-    seed: int = 0
-    max_grad_norm: float = 1.0
-    field: str = "text"
-    overwrite: bool = False
-    resume: bool = False
-    checkpoint_dir: str | None = None  # default: <out>.checkpoints
-    keep_checkpoints: bool = False
+    seed: int = _default("seed")
+    max_grad_norm: float = _default("max_grad_norm")
+    field: str = _default("field")
+    overwrite: bool = _default("overwrite")
+    resume: bool = _default("resume")
+    checkpoint_dir: str | None = _default("checkpoint_dir")  # default: <out>.checkpoints
+    keep_checkpoints: bool = _default("keep_checkpoints")
     show_progress: bool = True
     inputs: dict = dataclass_field(default_factory=dict)  # extra facts for the manifest
     adapter: dict | None = None  # VocADT's settings (alpha, candidates, ...): part of what a resume must match
-    dtype: str = "auto"  # the weights' dtype, loaded and saved (auto: as stored); trained ones are float32 meanwhile
-    device: str = "auto"  # auto: accelerate's choice (a GPU when there is one); under `accelerate launch`: auto only
-    mixed_precision: str = "auto"  # accelerate's autocast: devices.training_precision
-    gradient_checkpointing: bool = False
+    dtype: str = _default("dtype")  # the weights' dtype, loaded and saved (auto: as stored); trained: float32
+    device: str = _default("device")  # auto: accelerate's (a GPU when there is one); `accelerate launch`: auto only
+    mixed_precision: str = _default("mixed_precision")  # accelerate's autocast: devices.training_precision
+    gradient_checkpointing: bool = _default("gradient_checkpointing")
 
     def __post_init__(self) -> None:
         if self.epochs is None:  # a recipe whose budget is another setting (train/recipe.py): the default

@@ -1,9 +1,10 @@
 """LAPT recipes: named presets of the settings that make a run, so that one name gives the papers' LAPT.
 
-- ``papers`` (``vocgraft train``'s default): 2x2 layers + embeddings + head, CLM + MTP, 2 epochs, lr 1e-4 with a
-  cosine schedule, 100 warmup updates (a run of fewer than 1,000 updates warms up over its first 10%, at least 1),
-  weight decay 0.01, batch 8 x 512 tokens (paper 000 Table 3; paper 003 §6.6 and Table 6).
-- ``quick``: the pipeline's default train section: LoRA + CLM for 100 updates, otherwise as ``papers``.
+- ``papers`` (the default of ``vocgraft train`` and of a pipeline's ``train`` section): 2x2 layers + embeddings +
+  head, CLM + MTP, 2 epochs, lr 1e-4 with a cosine schedule, 100 warmup updates (a run of fewer than 1,000 updates
+  warms up over its first 10%, at least 1), weight decay 0.01, batch 8 x 512 tokens (paper 000 Table 3; paper 003
+  §6.6 and Table 6).
+- ``quick``: LoRA + CLM for 100 updates, otherwise as ``papers`` (``recipe: quick``, ``--recipe quick``).
 
 A setting given explicitly wins over the recipe's; a budget given (epochs, max_steps or max_tokens) replaces the
 recipe's budget as a whole, so ``--recipe papers --max-steps 500`` trains 500 updates, not 2 epochs. The budgets
@@ -12,6 +13,7 @@ that do not decide are None, so a filled-in section names one budget and can be 
 
 from __future__ import annotations
 
+from vocgraft.settings.train import DEFAULT_RECIPE  # noqa: F401 (re-exported; declared with the recipe setting)
 from vocgraft.train.data import TrainingError
 
 # the settings a recipe decides
@@ -29,7 +31,6 @@ RECIPES: dict[str, dict] = {
     "papers": PAPERS,
     "quick": {**PAPERS, "strategy": "lora", "objective": "clm", "epochs": None, "max_steps": 100},
 }
-DEFAULT_RECIPE = "papers"  # `vocgraft train`; the pipeline's train section defaults to "quick"
 
 
 def with_recipe(name: str, settings: dict, where: str = "--recipe") -> dict:
