@@ -202,3 +202,39 @@ def test_sweep_grid_report_summary_and_the_demo_config(tmp_path):
                               "protect": str(SHARED_CORPORA / "en" / "train.txt")}  # fmt: skip
     assert demo_config("smollm2", "en", "mean", **settings)["adapt"] == {"mode": "expand", "aux_vocab_size": 300}
     assert validate(greek, "the demo's settings")["adapt"]["distill_merge"] == "all"  # a valid pipeline config
+
+
+def test_demo_says_what_it_runs_sweeps_its_config_and_prints_the_report(tmp_path, monkeypatch, capsys):
+    """`vocgraft demo` -> pipeline/demo.run_demo -> the sweep (faked here: the real one is the pipeline's tests')."""
+    import vocgraft.pipeline.sweep as sweep
+    from vocgraft.cli import main
+    from vocgraft.corpus import SHARED_CORPORA
+
+    asked = {}
+
+    def run_sweep(config, ks, inits):
+        asked.update(config=config, ks=ks, inits=inits)
+        return {"points": [{"stages": [{"reused": False}]}]}
+
+    def write_report(swept, out):
+        Path(out).mkdir()
+        (Path(out) / "report.md").write_text("# the demo\n\nverdict\n\n![plot](speedup_vs_bpb.png)\n", encoding="utf-8")
+        return Path(out) / "report.md"
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep, "write_report", write_report)
+    out = tmp_path / "demo"
+    argv = ["demo", "--k", "50,100", "--init", "mean,align", "--sample", "10", "--limit", "5", "--out", str(out)]
+    assert main(argv) == 0
+    assert (asked["ks"], asked["inits"]) == ([50, 100], ["mean", "align"])
+    assert asked["config"]["adapt"]["aux_vocab_size"] == 8000 and asked["config"]["out"] == str(out)
+    printed = capsys.readouterr()
+    corpora = SHARED_CORPORA / "el"
+    assert printed.err == (
+        "vocgraft demo: smollm2 + k in 50,100 el tokens x init in mean,align, trained on 10 lines of "
+        f"{corpora / 'train.txt'}, measured on the first 5 lines of {corpora / 'heldout.txt'}\n"
+    )
+    assert (
+        printed.out
+        == f"# the demo\n\nverdict\n\n1 stages built, 0 reused; report.md, report.html, plot and JSON in {out}\n"
+    )
