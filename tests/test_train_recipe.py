@@ -19,13 +19,13 @@ from tiny import (
 )
 
 import vocgraft.train.data as data
-from vocgraft.cli import build_parser, main, train_config
+from vocgraft.cli import build_parser, main
 from vocgraft.pipeline.config import ConfigError, validate
 from vocgraft.plan import VocabPlan
 from vocgraft.tokenization.canonical import tokenizer_family
 from vocgraft.train import new_rows
 from vocgraft.train.data import TrainingError, pack_tokens, separator_ids
-from vocgraft.train.lapt import RESUME_DEFAULTS, RESUME_KEYS, TrainConfig, TrainingStopped, train
+from vocgraft.train.lapt import RESUME_DEFAULTS, RESUME_KEYS, TrainConfig, TrainingStopped, train, train_config
 from vocgraft.train.recipe import PAPERS, RECIPES
 from vocgraft.train.schedule import lr_factor, warmup_for
 from vocgraft.train.strategies import configure, phases
@@ -81,7 +81,7 @@ def log_of(directory: Path) -> dict:
 
 def parsed(*flags: str) -> TrainConfig:
     args = build_parser().parse_args(["train", "--model", "m", "--corpus", "c", "--out", "o", *flags])
-    return train_config(args)
+    return train_config(vars(args))
 
 
 def test_vocgraft_train_defaults_to_the_papers_recipe_and_flags_override_it():

@@ -7,9 +7,9 @@ import contextlib
 import json
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-from vocgraft.corpus import SHARED_CORPORA, CorpusError
 from vocgraft.outdir import write_json
 
 
@@ -29,15 +29,8 @@ def cmd_methods(args) -> None:
     from vocgraft.settings.vocadt import METHOD as VOCADT
 
     for method in sorted(METHODS.values(), key=lambda m: m.name):
-        needs = ", ".join(USER_INPUTS.get(need, need) for need in sorted(method.needs)) or "nothing"
-        print(f"{method.name}: {method.summary}\n  defined in: {method.reference}\n  needs: {needs}")
-        for option in method.options:
-            print(f"  {option.flag} (default {option.default}): {option.help}")
-    print(f"{VOCADT.name} (trains; not an --init method): {VOCADT.summary}\n  defined in: {VOCADT.reference}")
-    print(f"  runs as: {VOCADT.runs_as}")
-    for setting in VOCADT.settings:
-        where = f"{setting.cli_flag} / adapt.vocadt.{setting.yaml_key}"
-        print(f"  {where} (default {setting.default}): {setting.help_text()}")
+        print(method.describe(USER_INPUTS))
+    print(VOCADT.describe())
 
 
 def cmd_eval(args) -> None:
@@ -67,49 +60,24 @@ def cmd_eval(args) -> None:
 def cmd_lm_eval_task(args) -> None:
     """Write a local lm-evaluation-harness task over ``--text`` and print the ``lm_eval`` command that scores
     ``--model`` on it as `vocgraft eval` does."""
-    from vocgraft.devices import dtype_name, resolve_device
-    from vocgraft.eval import lm_eval_task as lmt
-    from vocgraft.eval.bpb import default_prefix_id
-    from vocgraft.models import dtype_choice, load_tokenizer, resolve
+    from vocgraft.eval.lm_eval_task import write_model_task
 
-    pretrained = resolve(args.model)
-    tokenizer = load_tokenizer(args.model)
-    choice = dtype_choice(args.model, args.dtype, args.device)
-    local = Path(pretrained).is_dir()
-    # a hub id's stored dtype is unknown until it is loaded: lm-eval then reads it from the checkpoint, as vocgraft
-    dtype = dtype_name(choice.compute) if local or args.dtype != "auto" else "auto"
-    model_args = lmt.model_args(
-        Path(pretrained).absolute() if local else pretrained,
-        default_prefix_id(tokenizer),
-        max_length=args.max_length,
-        dtype=dtype,
-    )
-    device = str(resolve_device(args.device))
-    task = lmt.write_task(
+    made = write_model_task(
+        args.model,
         args.text,
         args.out,
         name=args.name,
         limit=args.limit,
         field=args.field,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        device=args.device,
         overwrite=args.overwrite,
-        manifest={"model": args.model, "model_args": model_args, "device": device, "batch_size": args.batch_size},
     )
-    lines = task.data_path.read_text(encoding="utf-8").splitlines()
-    long = lmt.lines_longer_than(tokenizer, lines, args.max_length)
-    if long:
-        warn(
-            "lm-eval-task",
-            f"{long} of {task.lines} lines {'has' if long == 1 else 'have'} more than --max-length {args.max_length} "
-            "tokens; lm_eval scores them "
-            "in disjoint windows, vocgraft eval in windows overlapping by half, so bits/byte differs a little on "
-            "them; a larger --max-length (here and in vocgraft eval) removes the difference.",
-        )
-    limit = f" --limit {args.limit}" if args.limit else ""
-    print(
-        f"lm-eval task {task.name}: {task.lines} lines, {task.bytes:,} bytes -> {task.folder}\n"
-        f"scores like `vocgraft eval --model {args.model} --text {args.text}{limit} --max-length {args.max_length}`:"
-    )
-    print(lmt.shell_line(lmt.lm_eval_argv(task, model_args, device=device, batch_size=args.batch_size)))
+    if message := made.warning():
+        warn("lm-eval-task", message)
+    print(made.describe())
 
 
 def cmd_tokenizer_train(args) -> None:
@@ -149,6 +117,17 @@ def warn(command: str, message: str) -> None:
     print(f"vocgraft {command}: warning: {message}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def recorded_warnings() -> Iterator[list[str]]:
+    """The messages of the warnings raised inside (every UserWarning, even a repeated one), for the command to print
+    as its own one-line warnings: the library rooms warn, they do not print."""
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        yield messages
+    messages.extend(str(item.message) for item in caught)
+
+
 def report_stream(args):
     """Where a command's Markdown report goes: stdout, unless ``--json`` sends the JSON there."""
     from vocgraft.outdir import is_stdout
@@ -158,23 +137,22 @@ def report_stream(args):
 
 def cmd_expand(args) -> None:
     from vocgraft.corpus import read_lines
+    from vocgraft.recipes import expansion_checks as checks
+    from vocgraft.recipes.common import method_args
     from vocgraft.recipes.expand import expand_model
-    from vocgraft.recipes.expansion_checks import check_corpus_scripts, check_heldout_scripts, explain_zero_tokens
     from vocgraft.tokenization.scripts import parse_scripts
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     scripts = parse_scripts(args.scripts)
-    check_corpus_scripts(scripts, lines, args.corpus)
+    checks.check_corpus_scripts(scripts, lines, args.corpus)
     protect = read_lines(args.protect) if args.protect else None
     heldout = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
     if heldout is not None:
-        with warnings.catch_warnings(record=True) as caught:  # said now, before the work
-            warnings.simplefilter("always", UserWarning)
-            check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
-        for item in caught:
-            warn("expand", str(item.message))
-    with warnings.catch_warnings(record=True) as caught:  # shown below as our own one-line warnings
-        warnings.simplefilter("always", UserWarning)
+        with recorded_warnings() as said:  # said now, before the work
+            checks.check_heldout_scripts(lines, heldout, args.corpus, args.heldout)
+        for message in said:
+            warn("expand", message)
+    with recorded_warnings() as said:  # shown below, after what the expansion did
         out, result = expand_model(
             args.model,
             lines,
@@ -192,45 +170,25 @@ def cmd_expand(args) -> None:
             device=args.device,
             surgery=args.surgery,
             keep_marks=args.keep_marks,
-            **init_args(args),
+            **method_args(vars(args)),
         )
     print(result.marks.describe())
-    added = result.expansion.to_dict()
-    for item in caught:
-        if not (added["added"] == 0 and str(item.message).startswith("only 0 of")):  # explained better below
-            warn("expand", " ".join(str(item.message).split()))
-    scripts = ", ".join(result.scripts) if result.scripts else "any script"
-    print(
-        f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
-        f"with init={args.init} -> {out}"
-    )
-    if added["skipped_reasons"]:
-        print("candidates skipped: " + ", ".join(f"{n} {key}" for key, n in added["skipped_reasons"].items()))
-    if added["added"] == 0:
-        warn("expand", f"0 new tokens were added, so {out} tokenizes as the source does: {explain_zero_tokens(added)}.")
+    for message in checks.recipe_warnings(said, result):
+        warn("expand", message)
+    print(checks.describe_expansion(result, args.init, out))
+    if message := checks.zero_tokens_warning(result, out):
+        warn("expand", message)
     if heldout is not None:
-        from vocgraft.models import load_tokenizer
-        from vocgraft.recipes.expansion_checks import expansion_summary
-
-        summary = expansion_summary(
-            load_tokenizer(args.model),
-            result.tokenizer,
-            result.plan.new_ids,
-            heldout,
-            rows=result.model.get_input_embeddings().weight.shape[0],
-        )
+        summary, unused = checks.heldout_report(args.model, result, heldout, args.heldout)
         print(json.dumps(summary, indent=2))
-        if added["added"] and summary["new_tokens_used_share"] == 0:
-            warn(
-                "expand",
-                f"none of the {added['added']} new tokens occurs in --heldout {args.heldout}: it is not text of the "
-                "corpus's language, or the corpus is too small to have found its frequent words.",
-            )
+        if unused:
+            warn("expand", unused)
 
 
 def cmd_replace(args) -> None:
     from vocgraft.corpus import read_lines
-    from vocgraft.recipes.replace import replace_model
+    from vocgraft.recipes.common import method_args
+    from vocgraft.recipes.replace import describe_replacement, heldout_tokens, replace_model
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
     text = read_lines(args.heldout, limit=args.eval_limit) if args.heldout else None  # read before the work
@@ -249,27 +207,12 @@ def cmd_replace(args) -> None:
         device=args.device,
         surgery=args.surgery,
         keep_marks=args.keep_marks,
-        **init_args(args),
+        **method_args(vars(args)),
     )
     print(result.marks.describe())
-    summary = result.plan.summary()
-    print(
-        f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
-        f"{summary['new']} initialized with {args.init} -> {out}"
-    )
-    if result.stats:
-        print(json.dumps(result.stats, indent=2, default=str))
+    print(describe_replacement(result, args.init, out))
     if text is not None:
-        from vocgraft.eval import encode_lines, fertility, speedup
-        from vocgraft.models import load_tokenizer
-
-        before = fertility(encode_lines(load_tokenizer(args.model), text), text)
-        after = fertility(encode_lines(result.tokenizer, text), text)
-        print(
-            f"tokens/line on {len(text)} held-out lines: {before['tokens_per_line_mean']:.2f} -> "
-            f"{after['tokens_per_line_mean']:.2f} (speedup proxy "
-            f"{speedup(before['tokens_per_line_mean'], after['tokens_per_line_mean']):.3f})"
-        )
+        print(heldout_tokens(args.model, result, text))
 
 
 def cmd_plm_train(args) -> None:
@@ -289,119 +232,48 @@ def cmd_plm_train(args) -> None:
     print(f"small target-language PLM -> {out}")
 
 
-def corpus_spec(args) -> str | list:
-    """``--corpus`` (one or more) and ``--corpus-weights`` as a TrainConfig corpus: a path, or a weighted mix."""
-    if args.corpus_weights is None:
-        if len(args.corpus) == 1:
-            return args.corpus[0]
-        return [[path, 1.0] for path in args.corpus]  # several corpora, equal shares
-    if len(args.corpus_weights) != len(args.corpus):
-        raise CorpusError(
-            f"{len(args.corpus)} corpora but {len(args.corpus_weights)} --corpus-weights; give one weight per corpus."
-        )
-    return [[path, weight] for path, weight in zip(args.corpus, args.corpus_weights)]
-
-
-def train_config(args):
-    from vocgraft.train.lapt import TrainConfig
-    from vocgraft.train.recipe import with_recipe
-
-    names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs", "corpus", "adapter"}
-    names &= set(vars(args))  # vocadt has no --strategy / --objective / --recipe
-    settings = {name: getattr(args, name) for name in names}
-    if getattr(args, "recipe", None):
-        settings = with_recipe(args.recipe, settings)
-    return TrainConfig(corpus=corpus_spec(args), **settings)
-
-
-def print_training(summary: dict, out: str) -> None:
-    if summary.get("finished_before"):  # --resume on a run whose model was already saved: nothing trained
-        removed = summary.get("removed_checkpoints")
-        cleaned = f"; removed its leftover checkpoints {removed}" if removed else ""
-        print(f"this run is finished (model at {out}){cleaned}")
-        return
-    if summary["resumed_from_step"] is not None:
-        print(f"resumed from step {summary['resumed_from_step']}")
-    recipe = f"recipe {summary['recipe']}, " if summary.get("recipe") else ""
-    group = summary.get("new_rows")
-    rows = f", {group['rows']} new rows at {group['lr_scale']:g} x lr" if group else ""
-    print(
-        f"{summary['strategy']}/{summary['objective']}: {summary['steps']} steps "
-        f"({summary['epochs']} epochs of {summary['train_sequences']} sequences of {summary['seq_len']} tokens, "
-        f"{recipe}{summary['warmup_steps']} warmup, lines joined by {summary['join']}{rows}), "
-        f"{summary['tokens_per_second']:.0f} tokens/s, validation loss {summary['val_loss_start']:.3f} -> "
-        f"{summary['val_loss_end']:.3f}, peak RSS {summary['peak_rss_mib']:.0f} MiB -> {out}"
-    )
-
-
 def cmd_train(args) -> None:
-    from vocgraft.train.lapt import train
+    from vocgraft.train.lapt import train, train_config
+    from vocgraft.train.summary import describe_run
 
-    summary = train(train_config(args))
+    summary = train(train_config(vars(args)))
     if summary["main_process"]:  # under accelerate launch: one report, from the main process
-        print_training(summary, args.out)
+        print(describe_run(summary, args.out))
 
 
 def cmd_vocadt(args) -> None:
-    from vocgraft.recipes.vocadt import VocadtSettings, vocadt_model
+    from vocgraft.recipes.vocadt import VocadtSettings, describe_adapters, vocadt_model
+    from vocgraft.train.lapt import train_config
+    from vocgraft.train.summary import describe_run
 
-    settings = VocadtSettings(
-        tokenizer=args.tokenizer,
-        kind=args.kind,
-        vocab_size=args.vocab_size,
-        alpha=args.alpha,
-        candidates=None if args.dense else args.max_candidates,
-        adapters=args.adapters,
-    )
-    summary = vocadt_model(settings, train_config(args))
+    summary = vocadt_model(VocadtSettings.from_flags(vars(args)), train_config(vars(args)))
     if not summary["main_process"]:
         return
-    if summary.get("finished_before"):
-        print_training(summary, args.out)
-        return
-    facts = summary["vocadt"]
-    memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
-    print(
-        f"{facts['adapters']} {facts['form']} adapters (x{facts['adapter_modules']}): rows started as "
-        f"{facts['rows_started_as']}, aux loss over {facts['aux_loss_rows']} shared-vocabulary rows; "
-        f"adapter training state {memory}"
-    )
-    print_training(summary, args.out)
+    if not summary.get("finished_before"):
+        print(describe_adapters(summary["vocadt"]))
+    print(describe_run(summary, args.out))
 
 
 def cmd_downstream(args) -> None:
-    from vocgraft.corpus import read_lines
-    from vocgraft.eval.downstream import DownstreamSpec, evaluate_downstream, markdown_summary
-    from vocgraft.eval.generation import prompts_from_lines
-    from vocgraft.eval.mt import LANGUAGE_NAMES, read_pairs
-    from vocgraft.eval.tasks import read_records
+    from vocgraft.eval.downstream import evaluate_downstream, markdown_summary, read_spec
     from vocgraft.preflight import read_templates
 
-    tasks = {}
-    for item in args.task or []:
-        task, _, path = item.partition("=")
-        if not path:
-            raise CorpusError(f"--task {item!r}: expected TASK=FILE, e.g. nli=xnli-el.jsonl.")
-        tasks[task] = read_records(path, task)
-    spec = DownstreamSpec(
-        lang=args.lang,
-        prompts=prompts_from_lines(read_lines(args.prompts, limit=args.num_prompts)) if args.prompts else [],
+    spec = read_spec(
+        args.lang,
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        mt=args.mt,
+        tasks=args.task or [],
+        templates=read_templates(args.templates) if args.templates else None,
         max_new_tokens=args.max_new_tokens,
-        mt_pairs=read_pairs(args.mt) if args.mt else [],
         mt_directions=tuple(args.mt_directions),
         mt_shots=args.shots,
         mt_limit=args.mt_limit,
         mt_template=args.mt_template,
         mt_max_new_tokens=args.mt_max_new_tokens,
-        tasks=tasks,
-        templates=read_templates(args.templates) if args.templates else None,
     )
-    if spec.mt_pairs and args.lang not in LANGUAGE_NAMES:
-        warn(
-            "downstream",
-            f"--lang {args.lang}: no name known for this language code, so the MT prompts ask to translate to "
-            f"'{args.lang}', which a model may not understand; the known codes are {', '.join(LANGUAGE_NAMES)}.",
-        )
+    if message := spec.warning():
+        warn("downstream", message)
     models = [args.model, *([args.baseline] if args.baseline else [])]
     results = [evaluate_downstream(m, spec, dtype=args.dtype, device=args.device) for m in models]
     print(markdown_summary(results), file=report_stream(args))
@@ -420,81 +292,39 @@ def cmd_export_gguf(args) -> None:
         force_pre=args.force_pre,
         overwrite=args.overwrite,
     )
-    if result.forced and result.choice.reason is not None:
-        warn(
-            "export gguf",
-            f"--force-pre {result.choice.pre}: llama.cpp will not tokenize as the model's tokenizer does "
-            f"({result.choice.reason}); "
-            + (f"{result.mismatch.describe()} tokenize differently." if result.mismatch else ""),
-        )
-    elif result.warning:
-        warn("export gguf", result.warning)
+    if message := result.caution():
+        warn("export gguf", message)
     print(result.describe())
-
-
-def print_sweep(sweep: dict, report: Path) -> None:
-    reused = sum(s["reused"] for p in sweep["points"] for s in p["stages"])
-    built = sum(not s["reused"] for p in sweep["points"] for s in p["stages"])
-    text = report.read_text(encoding="utf-8")
-    print(text[: text.index("\n![")])  # the report without its image links
-    print(f"{built} stages built, {reused} reused; report.md, report.html, plot and JSON in {report.parent}")
 
 
 def cmd_run(args) -> None:
     from vocgraft.pipeline.config import load_config
-    from vocgraft.pipeline.sweep import run_sweep, write_report
+    from vocgraft.pipeline.sweep import report_summary, run_sweep, write_report
 
     config = load_config(args.config, args.overrides)
     sweep = run_sweep(config, [config["adapt"]["new_tokens"]], [config["adapt"]["init"]])
-    print_sweep(sweep, write_report(sweep, config["out"]))
+    print(report_summary(sweep, write_report(sweep, config["out"])))
 
 
 def cmd_sweep(args) -> None:
-    from vocgraft.parsing import parse_ints
     from vocgraft.pipeline.config import load_config
-    from vocgraft.pipeline.sweep import run_sweep, write_report
+    from vocgraft.pipeline.sweep import grid_axes, report_summary, run_sweep, write_report
 
     config = load_config(args.config, args.overrides)
     if args.tolerance is not None:
         config["report"]["tolerance"] = args.tolerance
-    ks = parse_ints(args.k, "k") if args.k else [config["adapt"]["new_tokens"]]
-    inits = [i for i in args.init.split(",") if i] if args.init else [config["adapt"]["init"]]
-    sizes = parse_ints(args.sizes, "sizes") if args.sizes else None
+    ks, inits, sizes = grid_axes(config, args.k, args.init, args.sizes)
     sweep = run_sweep(config, ks, inits, sizes, jobs=args.jobs)
-    print_sweep(sweep, write_report(sweep, config["out"]))
+    print(report_summary(sweep, write_report(sweep, config["out"])))
 
 
 def cmd_demo(args) -> None:
     """A small sweep on the embedded defaults: SmolLM2 + k Greek tokens x init methods, report + recommendation."""
-    from vocgraft.parsing import parse_ints
-    from vocgraft.pipeline.config import validate
-    from vocgraft.pipeline.sweep import run_sweep, write_report
+    from vocgraft.pipeline.demo import run_demo
+    from vocgraft.pipeline.sweep import report_summary
 
-    corpora = SHARED_CORPORA / args.lang
-    raw = {
-        "model": args.model,
-        "corpus": str(corpora / "train.txt"),
-        "heldout": str(corpora / "heldout.txt"),
-        "lang": args.lang,
-        "out": args.out,
-        "sample": args.sample,
-        # English training text: the new merges must not change how the source language tokenizes
-        "adapt": {"mode": "expand", "aux_vocab_size": args.aux_vocab_size}
-        # distill as the end-to-end grid ran it (every pair merged): the only init whose new tokens are generated
-        | ({"distill_merge": "all"} if "distill" in args.init.split(",") else {})
-        | ({"protect": str(SHARED_CORPORA / "en" / "train.txt")} if args.lang != "en" else {}),
-        "eval": {"limit": args.limit},
-        "device": args.device,
-        "dtype": args.dtype,
-    }
-    print(
-        f"vocgraft demo: {args.model} + k in {args.k} {args.lang} tokens x init in {args.init}, trained on "
-        f"{args.sample} lines of {raw['corpus']}, measured on the first {args.limit} lines of {raw['heldout']}",
-        file=sys.stderr,
-    )
-    config = validate(raw, "the demo's settings")
-    sweep = run_sweep(config, parse_ints(args.k, "k"), args.init.split(","))
-    print_sweep(sweep, write_report(sweep, args.out))
+    settings = {name: getattr(args, name) for name in ("sample", "aux_vocab_size", "limit", "out", "device", "dtype")}
+    print(report_summary(*run_demo(args.model, args.lang, args.k, args.init, **settings)))
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
@@ -516,17 +346,6 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{option.help} (default {option.default}; {users(lambda m: option in m.options)})",
         )
-
-
-def init_args(args) -> dict:
-    """The init method's user inputs and settings from parsed arguments (settings left unset are None)."""
-    from vocgraft.init import all_options
-    from vocgraft.recipes.common import USER_INPUTS
-
-    return {
-        "method_inputs": {name: getattr(args, name) for name in USER_INPUTS},
-        "options": {name: getattr(args, name) for name in all_options()},
-    }
 
 
 def stage_parser(sub, name: str, stage, func, **options) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ import os
 import random
 import stat
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from vocgraft.errors import UserError
@@ -286,6 +286,18 @@ def read_corpus(spec: str | list, *, sample: int | None = None, seed: int = 0, f
     if isinstance(spec, str | Path):
         return read_lines(spec, sample=sample, seed=seed, field=field)
     return read_mixture([(str(path), float(w)) for path, w in spec], sample=sample, seed=seed, field=field)
+
+
+def corpus_spec(paths: Sequence[str], weights: Sequence[float] | None = None) -> str | list:
+    """``--corpus`` (one or more) and ``--corpus-weights`` as the spec :func:`read_corpus` reads: a path, or a
+    weighted mix."""
+    if weights is None:
+        if len(paths) == 1:
+            return paths[0]
+        return [[path, 1.0] for path in paths]  # several corpora, equal shares
+    if len(weights) != len(paths):
+        raise CorpusError(f"{len(paths)} corpora but {len(weights)} --corpus-weights; give one weight per corpus.")
+    return [[path, weight] for path, weight in zip(paths, weights)]
 
 
 # a config or a template file is a few KB; a larger one is another file given by mistake (a 2 GB file took a minute

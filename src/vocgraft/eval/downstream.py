@@ -3,6 +3,7 @@ run so that speeds are compared on the same machine state."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,51 @@ class DownstreamSpec:
     tasks: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
     templates: dict | None = None
     seed: int = 0
+
+    def warning(self) -> str | None:
+        """MT prompts name the target language; a code with no known name is asked for as the code itself."""
+        from vocgraft.eval.mt import LANGUAGE_NAMES
+
+        if not self.mt_pairs or self.lang in LANGUAGE_NAMES:
+            return None
+        return (
+            f"--lang {self.lang}: no name known for this language code, so the MT prompts ask to translate to "
+            f"'{self.lang}', which a model may not understand; the known codes are {', '.join(LANGUAGE_NAMES)}."
+        )
+
+
+def read_spec(
+    lang: str,
+    *,
+    prompts: str | None = None,
+    num_prompts: int | None = None,
+    mt: str | None = None,
+    tasks: Sequence[str] = (),
+    templates: dict | None = None,
+    **settings,
+) -> DownstreamSpec:
+    """`vocgraft downstream`'s inputs read from their files: generation prompts from the first ``num_prompts``
+    lines of ``prompts``, the MT pairs of ``mt``, the records of each ``TASK=FILE`` of ``tasks``; ``settings``: the
+    spec's other fields (max_new_tokens, mt_directions, mt_shots, ...)."""
+    from vocgraft.corpus import CorpusError, read_lines
+    from vocgraft.eval.generation import prompts_from_lines
+    from vocgraft.eval.mt import read_pairs
+    from vocgraft.eval.tasks import read_records
+
+    records = {}
+    for item in tasks:
+        task, _, path = item.partition("=")
+        if not path:
+            raise CorpusError(f"--task {item!r}: expected TASK=FILE, e.g. nli=xnli-el.jsonl.")
+        records[task] = read_records(path, task)
+    return DownstreamSpec(
+        lang=lang,
+        prompts=prompts_from_lines(read_lines(prompts, limit=num_prompts)) if prompts else [],
+        mt_pairs=read_pairs(mt) if mt else [],
+        tasks=records,
+        templates=templates,
+        **settings,
+    )
 
 
 def new_token_ids(model_dir: str) -> set[int] | None:

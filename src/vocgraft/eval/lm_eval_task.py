@@ -14,7 +14,8 @@ That is `vocgraft eval`'s bits/byte (:mod:`vocgraft.eval.bpb`) when
 
 One difference remains: a line longer than ``max_length`` tokens is cut by HFLM into disjoint windows (each window's
 first token sees one token of context), by vocgraft eval into windows that overlap by half (more context, lower
-bits/byte). :func:`lines_longer_than` counts such lines; `vocgraft lm-eval-task` reports them.
+bits/byte). :func:`lines_longer_than` counts such lines; `vocgraft lm-eval-task` (:func:`write_model_task`) reports
+them.
 """
 
 from __future__ import annotations
@@ -167,6 +168,88 @@ def lines_longer_than(tokenizer, lines: list[str], max_length: int) -> int:
     from vocgraft.eval.fertility import encode_lines
 
     return sum(len(ids) > max_length for ids in encode_lines(tokenizer, lines))
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """What `vocgraft lm-eval-task` made: the task over ``text`` and the ``lm_eval`` command that scores ``model`` on
+    it as `vocgraft eval --limit LIMIT --max-length MAX_LENGTH` does."""
+
+    task: LmEvalTask
+    argv: tuple[str, ...]  # the lm_eval command
+    long_lines: int  # lines longer than max_length tokens (lines_longer_than)
+    model: str
+    text: str
+    limit: int | None
+    max_length: int
+
+    def warning(self) -> str | None:
+        """Where lm_eval's bits/byte will differ a little from vocgraft eval's, and how to remove the difference."""
+        long, lines = self.long_lines, self.task.lines
+        if not long:
+            return None
+        return (
+            f"{long} of {lines} lines {'has' if long == 1 else 'have'} more than --max-length {self.max_length} "
+            "tokens; lm_eval scores them in disjoint windows, vocgraft eval in windows overlapping by half, so "
+            "bits/byte differs a little on them; a larger --max-length (here and in vocgraft eval) removes the "
+            "difference."
+        )
+
+    def describe(self) -> str:
+        """The task, the `vocgraft eval` command it scores like, and the lm_eval command line."""
+        task, limit = self.task, f" --limit {self.limit}" if self.limit else ""
+        return (
+            f"lm-eval task {task.name}: {task.lines} lines, {task.bytes:,} bytes -> {task.folder}\n"
+            f"scores like `vocgraft eval --model {self.model} --text {self.text}{limit} --max-length "
+            f"{self.max_length}`:\n{shell_line(list(self.argv))}"
+        )
+
+
+def write_model_task(
+    model: str,
+    text: str,
+    out: str | Path,
+    *,
+    name: str | None = None,
+    limit: int | None = None,
+    field: str = "text",
+    max_length: int = 512,
+    batch_size: int = 8,
+    dtype: str = "auto",
+    device: str = "auto",
+    overwrite: bool = False,
+) -> ModelTask:
+    """`vocgraft lm-eval-task`: :func:`write_task` for ``text``, with the :func:`model_args` that score ``model``
+    (loaded from where vocgraft loads it, in the dtype vocgraft computes in, on ``device``) recorded beside it."""
+    from vocgraft.devices import dtype_name, resolve_device
+    from vocgraft.eval.bpb import default_prefix_id
+    from vocgraft.models import dtype_choice, load_tokenizer, resolve
+
+    pretrained = resolve(model)
+    tokenizer = load_tokenizer(model)
+    choice = dtype_choice(model, dtype, device)
+    local = Path(pretrained).is_dir()
+    # a hub id's stored dtype is unknown until it is loaded: lm-eval then reads it from the checkpoint, as vocgraft
+    compute = dtype_name(choice.compute) if local or dtype != "auto" else "auto"
+    args = model_args(
+        Path(pretrained).absolute() if local else pretrained,
+        default_prefix_id(tokenizer),
+        max_length=max_length,
+        dtype=compute,
+    )
+    where = str(resolve_device(device))
+    task = write_task(
+        text,
+        out,
+        name=name,
+        limit=limit,
+        field=field,
+        overwrite=overwrite,
+        manifest={"model": model, "model_args": args, "device": where, "batch_size": batch_size},
+    )
+    lines = task.data_path.read_text(encoding="utf-8").splitlines()
+    argv = lm_eval_argv(task, args, device=where, batch_size=batch_size)
+    return ModelTask(task, tuple(argv), lines_longer_than(tokenizer, lines, max_length), model, text, limit, max_length)
 
 
 def read_task(folder: str | Path) -> LmEvalTask:

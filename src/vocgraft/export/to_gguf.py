@@ -52,6 +52,17 @@ class ExportResult:
             f"{tokenizer} ({how}), {self.seconds:.0f}s"
         )
 
+    def caution(self) -> str | None:
+        """The one warning `vocgraft export gguf` prints: a ``--force-pre`` type llama.cpp will not tokenize with as
+        the model's tokenizer does (and how much text differs), else :attr:`warning`."""
+        if self.forced and self.choice.reason is not None:
+            return (
+                f"--force-pre {self.choice.pre}: llama.cpp will not tokenize as the model's tokenizer does "
+                f"({self.choice.reason}); "
+                + (f"{self.mismatch.describe()} tokenize differently." if self.mismatch else "")
+            )
+        return self.warning
+
 
 # ---------------------------------------------------------------------------------------------------- output
 

@@ -126,6 +126,13 @@ class Method:
     def defaults(self) -> dict[str, Any]:
         return {option.name: option.default for option in self.options}
 
+    def describe(self, flags: dict[str, str]) -> str:
+        """What `vocgraft methods` says of it: summary, where it is defined, what it needs (``flags``: the flag that
+        names a user input), and its settings."""
+        needs = ", ".join(flags.get(need, need) for need in sorted(self.needs)) or "nothing"
+        lines = [f"{self.name}: {self.summary}", f"  defined in: {self.reference}", f"  needs: {needs}"]
+        return "\n".join(lines + [f"  {o.flag} (default {o.default}): {o.help}" for o in self.options])
+
 
 @dataclass
 class InitContext:

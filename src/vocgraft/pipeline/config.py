@@ -113,19 +113,6 @@ def schema() -> dict:
     return full
 
 
-def method_args(adapt: dict) -> dict:
-    """The init method's user inputs and settings from a validated ``adapt`` section: only those the method
-    reads (a sweep's config may carry settings for its other methods)."""
-    from vocgraft.init import get_method
-    from vocgraft.recipes.common import USER_INPUTS
-
-    method = get_method(adapt["init"])
-    return {
-        "method_inputs": {name: adapt[name] for name in USER_INPUTS if name in method.needs},
-        "options": {option.name: adapt[option.name] for option in method.options},
-    }
-
-
 def check_methods(adapt: dict, inits: list[str], source: str = "config") -> None:
     """Before any work: every method of ``inits`` has the inputs it needs, and every input or setting the
     ``adapt`` section gives is read by at least one of them (otherwise it would be silently ignored)."""

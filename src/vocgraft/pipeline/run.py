@@ -252,8 +252,9 @@ def _train_tokenizer(config: dict, lines: list[str], path: Path) -> dict:
 
 
 def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> dict:
-    from vocgraft.pipeline.config import method_args, placement
+    from vocgraft.pipeline.config import placement
     from vocgraft.recipes.adapt import adapt_model
+    from vocgraft.recipes.common import method_args
 
     adapt = config["adapt"]
     if adapt["mode"] == "vocadt":
@@ -270,7 +271,7 @@ def _adapt(config: dict, lines: list[str], tokenizer_dir: Path, path: Path) -> d
         device=device,
         dtype=dtype,
         surgery=adapt["surgery"],
-        **method_args(adapt),
+        **method_args(adapt, adapt["init"]),
     )
     return {"plan": result.plan.summary(), "timings": result.timings}
 
@@ -285,12 +286,8 @@ def _vocadt(config: dict, tokenizer_dir: Path, path: Path) -> dict:
 
     section = config["adapt"]["vocadt"]
     device, dtype = placement(config, "adapt")
-    settings = VocadtSettings(
-        tokenizer=str(tokenizer_dir),
-        vocab_size=config["adapt"]["vocab_size"],
-        alpha=section["alpha"],
-        candidates=None if section["dense"] else section["max_candidates"],
-        adapters=section["adapters"],
+    settings = VocadtSettings.from_flags(
+        section | {"tokenizer": str(tokenizer_dir), "vocab_size": config["adapt"]["vocab_size"]}
     )
     training = TrainConfig(
         model=config["model"],

@@ -42,6 +42,18 @@ def variants(config: dict, ks: list[int], inits: list[str], sizes: list[int] | N
     return out
 
 
+def grid_axes(
+    config: dict, k: str | None, init: str | None, sizes: str | None
+) -> tuple[list[int], list[str], list[int] | None]:
+    """`vocgraft sweep --k --init --sizes` as the grid's axes; an axis not given is the config's one value (sizes:
+    the train section's sample)."""
+    from vocgraft.parsing import parse_ints
+
+    ks = parse_ints(k, "k") if k else [config["adapt"]["new_tokens"]]
+    inits = [i for i in init.split(",") if i] if init else [config["adapt"]["init"]]
+    return ks, inits, parse_ints(sizes, "sizes") if sizes else None
+
+
 def reference_bpb(point: dict) -> float:
     """The bits/byte ``point`` is judged against: the source + the same LAPT where the pipeline trained it, else the
     source's."""
@@ -308,3 +320,13 @@ def write_report(sweep: dict, out_dir: str | Path) -> Path:
         advice=advice,
     )  # fmt: skip
     return out / "report.md"
+
+
+def report_summary(sweep: dict, report: Path) -> str:
+    """What `vocgraft run`, `sweep` and `demo` print: ``report`` (report.md) without its image links, and how many
+    stages were built and how many reused."""
+    reused = sum(s["reused"] for p in sweep["points"] for s in p["stages"])
+    built = sum(not s["reused"] for p in sweep["points"] for s in p["stages"])
+    text = report.read_text(encoding="utf-8")
+    text = text[: text.index("\n![")]  # the report without its image links
+    return f"{text}\n{built} stages built, {reused} reused; report.md, report.html, plot and JSON in {report.parent}"

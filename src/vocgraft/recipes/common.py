@@ -4,7 +4,7 @@ initialized and grafted, the directory saved."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,22 @@ def choose_method(
                 f"{flag} is only read by init methods {', '.join(users)}; --init {chosen.name} would ignore it."
             )
     return chosen
+
+
+def method_args(values: Mapping[str, Any], init: str | None = None) -> dict[str, dict[str, Any]]:
+    """An init method's user inputs and settings by name, from parsed flags or a pipeline's ``adapt`` section, as
+    the recipes take them (``method_inputs``, ``options``). Given ``init``, only those that method reads (a sweep's
+    config may carry settings for its other methods); without, every one (unset: None), so that
+    :func:`choose_method` refuses an input the chosen method would ignore."""
+    from vocgraft.init import all_options, get_method
+
+    if init is None:
+        inputs, options = list(USER_INPUTS), list(all_options())
+    else:
+        method = get_method(init)
+        inputs = [name for name in USER_INPUTS if name in method.needs]
+        options = [option.name for option in method.options]
+    return {"method_inputs": {n: values[n] for n in inputs}, "options": {n: values[n] for n in options}}
 
 
 def _methods_needing(name: str):

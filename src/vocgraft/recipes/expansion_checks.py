@@ -1,5 +1,6 @@
 """What `vocgraft expand` checks and says around an expansion: the corpus has letters of ``--scripts``, the held-out
-text is in the corpus's scripts, why nothing was added, and the tokens/line the expansion saves on held-out text.
+text is in the corpus's scripts, what was added, why nothing was, and the tokens/line the expansion saves on held-out
+text.
 
 Problems the user should hear about but that do not stop the work are ``warnings.warn`` (UserWarning), which the
 CLI prints as its own one-line warnings: this room never imports the CLI.
@@ -70,3 +71,52 @@ def explain_zero_tokens(added: dict) -> str:
         )
     reasons = "; ".join(f"{n} because {SKIP_REASONS[key]}" for key, n in added["skipped_reasons"].items())
     return f"every candidate was skipped ({reasons})"
+
+
+def recipe_warnings(messages: list[str], result) -> list[str]:
+    """The recipe's warnings, one line each, as `vocgraft expand` shows them; with nothing added, "only 0 of ..."
+    is left out: :func:`zero_tokens_warning` says why."""
+    nothing = result.expansion.to_dict()["added"] == 0
+    return [" ".join(m.split()) for m in messages if not (nothing and m.startswith("only 0 of"))]
+
+
+def describe_expansion(result, init: str, out) -> str:
+    """What was added (tokens, intermediates, the scripts wanted) and which candidates were skipped, and why."""
+    added = result.expansion.to_dict()
+    scripts = ", ".join(result.scripts) if result.scripts else "any script"
+    text = (
+        f"added {added['added']} tokens ({added['intermediate_count']} intermediates; wanted tokens in {scripts}) "
+        f"with init={init} -> {out}"
+    )
+    if added["skipped_reasons"]:
+        text += "\ncandidates skipped: " + ", ".join(f"{n} {key}" for key, n in added["skipped_reasons"].items())
+    return text
+
+
+def zero_tokens_warning(result, out) -> str | None:
+    """When nothing was added: that ``out`` tokenizes as the source does, and why (:func:`explain_zero_tokens`)."""
+    added = result.expansion.to_dict()
+    if added["added"] != 0:
+        return None
+    return f"0 new tokens were added, so {out} tokenizes as the source does: {explain_zero_tokens(added)}."
+
+
+def heldout_report(model_spec: str, result, heldout: list[str], heldout_path: str) -> tuple[dict, str | None]:
+    """:func:`expansion_summary` of the expanded model on the held-out lines, and a warning when new tokens were
+    added but none of them occurs there."""
+    from vocgraft.models import load_tokenizer
+
+    summary = expansion_summary(
+        load_tokenizer(model_spec),
+        result.tokenizer,
+        result.plan.new_ids,
+        heldout,
+        rows=result.model.get_input_embeddings().weight.shape[0],
+    )
+    added = result.expansion.to_dict()["added"]
+    if not added or summary["new_tokens_used_share"] != 0:
+        return summary, None
+    return summary, (
+        f"none of the {added} new tokens occurs in --heldout {heldout_path}: it is not text of the corpus's "
+        "language, or the corpus is too small to have found its frequent words."
+    )

@@ -194,3 +194,28 @@ def replace_model(
     (:func:`~vocgraft.recipes.adapt.adapt_model`)."""
     step = ReplaceStep(None, tokenizer_spec, target_kind, target_vocab_size, keep_marks)
     return adapt_model(model_spec, lines, step, init, out_dir, seed=seed, **recipe)
+
+
+def describe_replacement(result: Adapted, init: str, out: str | Path) -> str:
+    """The new vocabulary's size, the rows copied from the source and those ``init`` made (with its stats)."""
+    import json
+
+    summary = result.plan.summary()
+    text = (
+        f"replaced the tokenizer: {summary['target_size']} tokens, {summary['copied']} copied from the source, "
+        f"{summary['new']} initialized with {init} -> {out}"
+    )
+    return text + (f"\n{json.dumps(result.stats, indent=2, default=str)}" if result.stats else "")
+
+
+def heldout_tokens(model_spec: str, result: Adapted, lines: Sequence[str]) -> str:
+    """Tokens per held-out line with the source's tokenizer and with the new one, and the speedup proxy."""
+    from vocgraft.eval import encode_lines, fertility, speedup
+
+    before = fertility(encode_lines(load_tokenizer(model_spec), lines), lines)
+    after = fertility(encode_lines(result.tokenizer, lines), lines)
+    return (
+        f"tokens/line on {len(lines)} held-out lines: {before['tokens_per_line_mean']:.2f} -> "
+        f"{after['tokens_per_line_mean']:.2f} (speedup proxy "
+        f"{speedup(before['tokens_per_line_mean'], after['tokens_per_line_mean']):.3f})"
+    )

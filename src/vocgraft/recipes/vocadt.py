@@ -30,8 +30,31 @@ class VocadtSettings:
     candidates: int | None = 64  # K nearest old rows per new row (sparse form); None: the dense adapter
     adapters: str = DEFAULT_ADAPTERS  # separate input and output adapters (the paper's) or one shared adapter
 
+    @classmethod
+    def from_flags(cls, flags: dict) -> VocadtSettings:
+        """From `vocgraft vocadt`'s flags or a pipeline's ``adapt.vocadt`` section (by name): ``--dense`` is the
+        dense adapter, else ``--max-candidates`` K."""
+        return cls(
+            tokenizer=flags.get("tokenizer"),
+            kind=flags.get("kind"),
+            vocab_size=flags["vocab_size"],
+            alpha=flags["alpha"],
+            candidates=None if flags["dense"] else flags["max_candidates"],
+            adapters=flags["adapters"],
+        )
+
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def describe_adapters(facts: dict) -> str:
+    """The adapters' facts (``summary["vocadt"]``) in one line: form, how rows started, memory of their training."""
+    memory = {k: f"{v / 2**20:,.0f} MiB" for k, v in facts["memory"].items()}
+    return (
+        f"{facts['adapters']} {facts['form']} adapters (x{facts['adapter_modules']}): rows started as "
+        f"{facts['rows_started_as']}, aux loss over {facts['aux_loss_rows']} shared-vocabulary rows; "
+        f"adapter training state {memory}"
+    )
 
 
 def check_dense_memory(settings: VocadtSettings, model_spec: str) -> None:

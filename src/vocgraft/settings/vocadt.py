@@ -47,6 +47,17 @@ class Method:
     reference: str
     settings: tuple[Setting, ...]
     runs_as: str
+    section: str  # the pipeline section that holds its settings
+
+    def describe(self) -> str:
+        """What `vocgraft methods` says of it, after the init methods: where it is defined, how it runs, each
+        setting's flag and pipeline key."""
+        lines = [f"{self.name} (trains; not an --init method): {self.summary}", f"  defined in: {self.reference}"]
+        lines.append(f"  runs as: {self.runs_as}")
+        for setting in self.settings:
+            where = f"{setting.cli_flag} / {self.section}.{setting.yaml_key}"
+            lines.append(f"  {where} (default {setting.default}): {setting.help_text()}")
+        return "\n".join(lines)
 
 
 def training_defaults() -> dict:
@@ -90,4 +101,5 @@ METHOD = Method(
     "vocgraft/recipes/vocadt.py (paper 004: VocADT)",
     OWN,
     "`vocgraft vocadt`, or `adapt: {mode: vocadt}` in a pipeline config",
+    "adapt.vocadt",
 )

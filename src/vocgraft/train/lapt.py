@@ -50,7 +50,7 @@ from vocgraft.train.data import (
     split_validation,
 )
 from vocgraft.train.objectives import OBJECTIVES, LMObjective
-from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS
+from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS, with_recipe
 from vocgraft.train.schedule import cosine_with_warmup, warmup_for
 from vocgraft.train.strategies import base_model, configure, embedding_weights, phases, trainable_count
 
@@ -135,6 +135,20 @@ class TrainConfig:
 
     def checkpoint_root(self) -> Path:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.out}.checkpoints")
+
+
+def train_config(flags: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from a command's parsed flags by name (`vocgraft train`, `vocgraft vocadt`): ``corpus`` (one
+    or more) with ``corpus_weights`` as the corpus spec, the settings a ``recipe`` decides filled in where unset.
+    Flags that are no TrainConfig field are left out, and fields without a flag keep their defaults."""
+    from vocgraft.corpus import corpus_spec
+
+    names = TrainConfig.__dataclass_fields__.keys() - {"show_progress", "inputs", "corpus", "adapter"}
+    names &= flags.keys()  # vocadt has no --strategy / --objective / --recipe
+    settings = {name: flags[name] for name in names}
+    if flags.get("recipe"):
+        settings = with_recipe(flags["recipe"], settings)
+    return TrainConfig(corpus=corpus_spec(flags["corpus"], flags.get("corpus_weights")), **settings)
 
 
 @dataclass
