@@ -179,7 +179,7 @@ def cmd_expand(args) -> None:
             args.model,
             lines,
             args.new_tokens,
-            args.init,
+            args.chosen_method,  # --init with its settings and inputs, chosen by preflight
             args.out,
             aux_tokenizer_spec=args.aux_tokenizer,
             aux_vocab_size=args.aux_vocab_size,
@@ -192,7 +192,6 @@ def cmd_expand(args) -> None:
             device=args.device,
             surgery=args.surgery,
             keep_marks=args.keep_marks,
-            **init_args(args),
         )
     print(result.marks.describe())
     added = result.expansion.to_dict()
@@ -237,7 +236,7 @@ def cmd_replace(args) -> None:
     out, result = replace_model(
         args.model,
         lines,
-        args.init,
+        args.chosen_method,  # --init with its settings and inputs, chosen by preflight
         args.out,
         tokenizer_spec=args.tokenizer,
         target_kind=args.kind,
@@ -249,7 +248,6 @@ def cmd_replace(args) -> None:
         device=args.device,
         surgery=args.surgery,
         keep_marks=args.keep_marks,
-        **init_args(args),
     )
     print(result.marks.describe())
     summary = result.plan.summary()
@@ -516,17 +514,6 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{option.help} (default {option.default}; {users(lambda m: option in m.options)})",
         )
-
-
-def init_args(args) -> dict:
-    """The init method's user inputs and settings from parsed arguments (settings left unset are None)."""
-    from vocgraft.init import all_options
-    from vocgraft.recipes.common import USER_INPUTS
-
-    return {
-        "method_inputs": {name: getattr(args, name) for name in USER_INPUTS},
-        "options": {name: getattr(args, name) for name in all_options()},
-    }
 
 
 def stage_parser(sub, name: str, stage, func, **options) -> argparse.ArgumentParser:
