@@ -49,7 +49,8 @@ from vocgraft.corpus import SHARED_CORPORA, read_corpus
 from vocgraft.models import load_model
 from vocgraft.outdir import write_json
 from vocgraft.report import markdown_table
-from vocgraft.train.data import DEFAULT_JOIN, BatchOrder, pack_tokens, split_validation
+from vocgraft.settings.train import DEFAULT_JOIN
+from vocgraft.train.data import BatchOrder, pack_tokens, split_validation
 from vocgraft.train.lapt import TrainConfig, train
 from vocgraft.train.objectives import next_token_loss
 from vocgraft.train.strategies import configure

@@ -83,6 +83,28 @@ def test_expand_rejects_bad_arguments(source, tmp_path, capsys):
         main(expand_args(source, tmp_path / "o", "nonsense"))
 
 
+def test_the_init_method_is_chosen_once_with_its_settings_checked_before_any_output(
+    source, tmp_path, capsys, monkeypatch
+):
+    """Preflight resolves --init into the ChosenMethod the recipe runs: a bad setting is refused before --out
+    exists, and a run checks the method's settings once (issue 33)."""
+    import vocgraft.init.choice as choice
+
+    out = tmp_path / "out"
+    assert main(expand_args(source, out, "mean", "--distill-epochs", "1")) == 2
+    assert "--distill-epochs is not a setting of init method 'mean'" in capsys.readouterr().err
+    assert main(expand_args(source, out, "distill", "--distill-lr", "nan")) == 2
+    assert "--distill-lr" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+    checked = []
+    real = choice.method_options
+    monkeypatch.setattr(choice, "method_options", lambda *a: checked.append(a[0]) or real(*a))
+    assert main(expand_args(source, out, "mean")) == 0
+    assert checked == ["mean"]
+    assert json.loads((out / "vocgraft.json").read_text())["method"]["init"] == "mean"
+
+
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
 def test_a_family_expansion_cannot_edit_is_refused_before_any_work(tmp_path, capsys, monkeypatch, kind):
     from tiny import tiny_llama, tiny_unigram_tokenizer, tiny_wordpiece_tokenizer

@@ -97,16 +97,72 @@ def test_one_default_per_setting_across_commands_and_the_pipeline():
     assert schema["eval"]["mt_limit"][1] == downstream.mt_limit == 50
     assert schema["eval"]["max_new_tokens"][1] == downstream.max_new_tokens == 64
     assert schema["train"]["recipe"][1] == parsers["train"].get_default("recipe") == "papers"
-    sizes = {parsers[c].get_default("vocab_size") for c in ("tokenizer train", "replace", "vocadt")}
-    assert sizes == {schema["adapt"]["vocab_size"][1]} == {50000}
+    # --vocab-size and --aux-vocab-size: see test_one_vocab_size_declaration_feeds_every_user
+
+
+def source_numbers(value: int) -> list[str]:
+    """Where ``value`` is written as a number in vocgraft's code (not in a comment, string or docstring)."""
+    import io
+    import tokenize
+
+    import vocgraft
+
+    root = Path(vocgraft.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tokens = tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
+        found += [f"{path.relative_to(root)}:{t.start[0]}" for t in tokens
+                  if t.type == tokenize.NUMBER and t.string.replace("_", "") == str(value)]  # fmt: skip
+    return found
+
+
+def test_one_vocab_size_declaration_feeds_every_user():
+    """The target tokenizer's size (`tokenizer train`, replace, vocadt, adapt.vocab_size) and the auxiliary one's
+    (expand, adapt.aux_vocab_size) are declared once: every command, the pipeline and the library's recipes take
+    the declaration's default, and the number is written nowhere else in the code."""
+    import inspect
+
+    from vocgraft.recipes.expand import ExpandStep, expand_loaded, expand_model
+    from vocgraft.recipes.replace import ReplaceStep, replace_loaded, replace_model
+    from vocgraft.recipes.vocadt import VocadtSettings
+    from vocgraft.settings import adapt, common
+
+    def field(cls, name):
+        return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+    def parameter(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    schema = base_schema()
+    parsers = subparsers(build_parser())
+    sizes = {
+        **{f"vocgraft {c} --vocab-size": parsers[c].get_default("vocab_size")
+           for c in ("tokenizer train", "replace", "vocadt")},
+        "adapt.vocab_size": schema["adapt"]["vocab_size"][1],
+        "ReplaceStep.target_vocab_size": field(ReplaceStep, "target_vocab_size"),
+        "replace_model": parameter(replace_model, "target_vocab_size"),
+        "replace_loaded": parameter(replace_loaded, "target_vocab_size"),
+        "VocadtSettings.vocab_size": field(VocadtSettings, "vocab_size"),
+    }  # fmt: skip
+    assert {k: v for k, v in sizes.items() if v != common.VOCAB_SIZE.default} == {}
+    aux_sizes = {
+        "vocgraft expand --aux-vocab-size": parsers["expand"].get_default("aux_vocab_size"),
+        "adapt.aux_vocab_size": schema["adapt"]["aux_vocab_size"][1],
+        "ExpandStep.aux_vocab_size": field(ExpandStep, "aux_vocab_size"),
+        "expand_model": parameter(expand_model, "aux_vocab_size"),
+        "expand_loaded": parameter(expand_loaded, "aux_vocab_size"),
+    }
+    assert {k: v for k, v in aux_sizes.items() if v != adapt.AUX_VOCAB_SIZE.default} == {}
+    # the declaration's line only (a second one is a default written twice)
+    assert [p.split(":")[0] for p in source_numbers(common.VOCAB_SIZE.default)] == ["settings/common.py"]
+    assert [p.split(":")[0] for p in source_numbers(adapt.AUX_VOCAB_SIZE.default)] == ["settings/adapt.py"]
 
 
 def test_train_config_and_vocadt_settings_default_as_declared():
     from vocgraft.recipes.vocadt import VocadtSettings
     from vocgraft.settings import vocadt
-    from vocgraft.settings.train import TRAIN
+    from vocgraft.settings.train import PAPERS, TRAIN
     from vocgraft.train.lapt import TrainConfig
-    from vocgraft.train.recipe import PAPERS
 
     config = TrainConfig(model="m", corpus="c", out="o")
     for setting in TRAIN:
@@ -118,16 +174,10 @@ def test_train_config_and_vocadt_settings_default_as_declared():
     fields = {f.name: f.default for f in dataclasses.fields(VocadtSettings)}
     assert fields["alpha"] == vocadt.ALPHA.default and fields["adapters"] == vocadt.ADAPTERS.default
     assert fields["candidates"] == vocadt.MAX_CANDIDATES.default and fields["vocab_size"] == vocadt.c.VOCAB_SIZE.default
-    # so do the recipes' function defaults (recipes/: a caller of the library gets the CLI's values)
-    import inspect
-
+    # the packaged model a command uses when given none (the recipes' sizes: test_one_vocab_size_declaration_...)
     from vocgraft.models import DEFAULT_MODEL
-    from vocgraft.recipes.expand import expand_model
-    from vocgraft.recipes.replace import replace_model
-    from vocgraft.settings import adapt, common
+    from vocgraft.settings import common
 
-    assert inspect.signature(replace_model).parameters["target_vocab_size"].default == common.VOCAB_SIZE.default
-    assert inspect.signature(expand_model).parameters["aux_vocab_size"].default == adapt.AUX_VOCAB_SIZE.default
     assert DEFAULT_MODEL == common.MODEL.default == base_schema()["model"][1]
 
 

@@ -22,11 +22,11 @@ import vocgraft.train.data as data
 from vocgraft.cli import build_parser, main
 from vocgraft.pipeline.config import ConfigError, validate
 from vocgraft.plan import VocabPlan
+from vocgraft.settings.train import PAPERS, RECIPES
 from vocgraft.tokenization.canonical import tokenizer_family
 from vocgraft.train import new_rows
 from vocgraft.train.data import TrainingError, pack_tokens, separator_ids
 from vocgraft.train.lapt import RESUME_DEFAULTS, RESUME_KEYS, TrainConfig, TrainingStopped, train, train_config
-from vocgraft.train.recipe import PAPERS, RECIPES
 from vocgraft.train.schedule import lr_factor, warmup_for
 from vocgraft.train.strategies import configure, phases
 

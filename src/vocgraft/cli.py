@@ -138,7 +138,6 @@ def report_stream(args):
 def cmd_expand(args) -> None:
     from vocgraft.corpus import read_lines
     from vocgraft.recipes import expansion_checks as checks
-    from vocgraft.recipes.common import method_args
     from vocgraft.recipes.expand import expand_model
     from vocgraft.tokenization.scripts import parse_scripts
 
@@ -157,7 +156,7 @@ def cmd_expand(args) -> None:
             args.model,
             lines,
             args.new_tokens,
-            args.init,
+            args.chosen_method,  # --init with its settings and inputs, chosen by preflight
             args.out,
             aux_tokenizer_spec=args.aux_tokenizer,
             aux_vocab_size=args.aux_vocab_size,
@@ -170,7 +169,6 @@ def cmd_expand(args) -> None:
             device=args.device,
             surgery=args.surgery,
             keep_marks=args.keep_marks,
-            **method_args(vars(args)),
         )
     print(result.marks.describe())
     for message in checks.recipe_warnings(said, result):
@@ -187,7 +185,6 @@ def cmd_expand(args) -> None:
 
 def cmd_replace(args) -> None:
     from vocgraft.corpus import read_lines
-    from vocgraft.recipes.common import method_args
     from vocgraft.recipes.replace import describe_replacement, heldout_tokens, replace_model
 
     lines = read_lines(args.corpus, sample=args.sample, seed=args.seed, field=args.field)
@@ -195,7 +192,7 @@ def cmd_replace(args) -> None:
     out, result = replace_model(
         args.model,
         lines,
-        args.init,
+        args.chosen_method,  # --init with its settings and inputs, chosen by preflight
         args.out,
         tokenizer_spec=args.tokenizer,
         target_kind=args.kind,
@@ -207,7 +204,6 @@ def cmd_replace(args) -> None:
         device=args.device,
         surgery=args.surgery,
         keep_marks=args.keep_marks,
-        **method_args(vars(args)),
     )
     print(result.marks.describe())
     print(describe_replacement(result, args.init, out))

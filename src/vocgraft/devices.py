@@ -17,6 +17,8 @@ CPU is decided once per process (:func:`cpu_speed`: its flags, else a matmul pro
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +30,7 @@ import torch
 
 from vocgraft.checkpoint import checkpoint_bytes
 from vocgraft.errors import UserError
+from vocgraft.parsing import ArgumentError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -299,6 +302,37 @@ def check_fits(needed: int, device: torch.device, what: str, hint: str = "") -> 
         raise DeviceError(
             f"{what} needs about {gib(needed)} of {place} but {gib(free)} is free on {device}"
             + (f"; {hint}" if hint else ".")
+        )
+
+
+# VOCGRAFT_MEMORY_LIMIT's sizes: 24GiB, 512MiB, 1.5G, 4096
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+
+
+def memory_limit_bytes(host: bool = False) -> int | None:
+    """Memory a new allocation may take: ``VOCGRAFT_MEMORY_LIMIT`` (e.g. ``24GiB``) if set, else the free GPU
+    memory when CUDA is in use (unless ``host``), else the system's available memory (Linux); None when unknown."""
+    setting = os.environ.get("VOCGRAFT_MEMORY_LIMIT")
+    if setting:
+        match = _SIZE.match(setting)
+        if not match:
+            raise ArgumentError(f"VOCGRAFT_MEMORY_LIMIT={setting!r}: expected a size such as 24GiB or 512MiB.")
+        return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
+    try:
+        free = available_memory(torch.device("cuda" if not host and torch.cuda.is_available() else "cpu"))
+    except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
+        free = available_memory(torch.device("cpu"))
+    return None if free >= UNKNOWN_MEMORY else free
+
+
+def check_memory(needed: int, what: str, fix: str, host: bool = False) -> None:
+    """Refuse an allocation of ``needed`` bytes that does not fit, before it is attempted (``host``: in the
+    system's memory, not a GPU's): an argument that asks for it (a vocabulary size, a dense adapter) is at fault,
+    so the error is an :class:`~vocgraft.parsing.ArgumentError` whose ``what`` names it and ``fix`` says the way out."""
+    limit = memory_limit_bytes(host)
+    if limit is not None and needed > limit:
+        raise ArgumentError(
+            f"{what} needs about {needed / 2**30:.1f} GiB but only {limit / 2**30:.1f} GiB is available; {fix}"
         )
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +52,8 @@ def check_numbers(args: Any) -> None:
     for dest in ("vocab_size", "aux_vocab_size"):  # tokenizer training runs on the host, whatever the device
         size = getattr(args, dest, None)
         if size is not None:
+            from vocgraft.devices import check_memory  # torch: imported where a size is checked
+
             check_memory(
                 size * TRAINER_BYTES_PER_TOKEN, f"{_flag(dest)} {size:,}", "give a smaller vocabulary size.", host=True
             )
@@ -267,55 +267,28 @@ def command_name(args: Any) -> str:
     return " ".join(words)
 
 
-def check_method_settings(args: Any) -> None:
-    """expand/replace: the init method's settings are its own and within the ranges and choices its options
-    declare (a NaN --distill-lr or an unknown --distill-merge fails here, not after the model is loaded)."""
-    from vocgraft.init import all_options, method_options
-
+def choose_init(args: Any) -> None:
+    """expand/replace: ``--init`` resolved once, before any work, into the :class:`~vocgraft.init.choice.ChosenMethod`
+    the command runs (``args.chosen_method``): the init method's settings are its own and within the ranges and
+    choices its options declare (a NaN --distill-lr or an unknown --distill-merge fails here, not after the model is
+    loaded), and the user inputs it needs (--target-plm) are given and read."""
     if command_name(args) not in ("expand", "replace") or getattr(args, "init", None) is None:
         return
-    method_options(args.init, {name: getattr(args, name, None) for name in all_options()})
+    from vocgraft.init import all_options
+    from vocgraft.recipes.common import USER_INPUTS, choose_method
+
+    options = {name: getattr(args, name, None) for name in all_options()}
+    inputs = {name: getattr(args, name, None) for name in USER_INPUTS}
+    args.chosen_method = choose_method(args.init, options, inputs)
 
 
 def check_args(args: Any) -> None:
-    """Every rule that needs no model: numbers, input files, outputs, the subcommand's own rules."""
+    """Every rule that needs no model: numbers, input files, outputs, the subcommand's own rules; expand and
+    replace also get their init method, chosen here once (:func:`choose_init`)."""
     check_numbers(args)
-    check_method_settings(args)
+    choose_init(args)
     check_inputs(args)
     check_outputs(args)
     check = COMMAND_CHECKS.get(command_name(args))
     if check is not None:
         check(args)
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
-
-
-def memory_limit_bytes(host: bool = False) -> int | None:
-    """Memory a new allocation may take: ``VOCGRAFT_MEMORY_LIMIT`` (e.g. ``24GiB``) if set, else the free GPU
-    memory when CUDA is in use (unless ``host``), else the system's available memory (Linux); None when unknown."""
-    setting = os.environ.get("VOCGRAFT_MEMORY_LIMIT")
-    if setting:
-        match = _SIZE.match(setting)
-        if not match:
-            raise ArgumentError(f"VOCGRAFT_MEMORY_LIMIT={setting!r}: expected a size such as 24GiB or 512MiB.")
-        return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
-    import torch
-
-    from vocgraft.devices import UNKNOWN_MEMORY, available_memory
-
-    try:
-        free = available_memory(torch.device("cuda" if not host and torch.cuda.is_available() else "cpu"))
-    except Exception:  # noqa: BLE001  (no usable GPU: fall back to host memory)
-        free = available_memory(torch.device("cpu"))
-    return None if free >= UNKNOWN_MEMORY else free
-
-
-def check_memory(needed: int, what: str, fix: str, host: bool = False) -> None:
-    """Refuse an allocation of ``needed`` bytes that does not fit, before it is attempted (``host``: in the
-    system's memory, not a GPU's)."""
-    limit = memory_limit_bytes(host)
-    if limit is not None and needed > limit:
-        raise ArgumentError(
-            f"{what} needs about {needed / 2**30:.1f} GiB but only {limit / 2**30:.1f} GiB is available; {fix}"
-        )

@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from vocgraft.eval import tasks as _tasks  # noqa: F401  (declares the downstream tasks in the registry)
 from vocgraft.eval.bpb import bits_per_byte, uniform_bits_per_byte
 from vocgraft.eval.fertility import encode_lines, fertility, speedup
+from vocgraft.settings.evaluation import BATCH_SIZE, MAX_LENGTH
 
 __all__ = ["bits_per_byte", "encode_lines", "evaluate", "fertility", "speedup", "uniform_bits_per_byte"]
 
@@ -18,9 +19,9 @@ def evaluate(
     *,
     baseline_tokenizer=None,
     with_bpb: bool = True,
-    max_length: int = 512,
+    max_length: int = MAX_LENGTH.default,
     stride: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE.default,
     show_progress: bool = True,
     new_token_ids: Collection[int] | None = None,
 ) -> dict:

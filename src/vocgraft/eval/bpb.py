@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from vocgraft.eval.argmax import NewTokenArgmax, first_pieces
 from vocgraft.progress import progress
+from vocgraft.settings.evaluation import BATCH_SIZE, MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,9 @@ def bits_per_byte(
     lines: Sequence[str],
     *,
     token_ids: Sequence[Sequence[int]] | None = None,
-    max_length: int = 512,
+    max_length: int = MAX_LENGTH.default,
     stride: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE.default,
     prefix_id: int | None = None,
     show_progress: bool = True,
     new_token_ids: Collection[int] | None = None,

@@ -8,20 +8,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vocgraft.eval.registry import CHRF, TOKENS_PER_SECOND, legend, metrics_of, task
+from vocgraft.settings.evaluation import MAX_NEW_TOKENS, MT_DIRECTIONS, MT_LIMIT, MT_MAX_NEW_TOKENS, SHOTS
 
 
 @dataclass
 class DownstreamSpec:
     lang: str
     prompts: list[str] = field(default_factory=list)  # generation-speed prompts
-    max_new_tokens: int = 64
+    max_new_tokens: int = MAX_NEW_TOKENS.default
     mt_pairs: list[tuple[str, str]] = field(default_factory=list)
-    mt_directions: tuple[str, ...] = ("en-xx", "xx-en")
-    mt_shots: int = 3
-    mt_limit: int = 50
+    mt_directions: tuple[str, ...] = tuple(MT_DIRECTIONS.default)
+    mt_shots: int = SHOTS.default
+    mt_limit: int = MT_LIMIT.default
     mt_template: str | None = None
     # in tokens: generous, because an English-centric tokenizer spends about one token per byte on Greek
-    mt_max_new_tokens: int = 256
+    mt_max_new_tokens: int = MT_MAX_NEW_TOKENS.default
     tasks: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
     templates: dict | None = None
     seed: int = 0

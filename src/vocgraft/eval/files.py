@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from vocgraft.outdir import nonfinite_paths
+from vocgraft.settings.evaluation import BATCH_SIZE, MAX_LENGTH
 
 # a larger share of unknown tokens makes bits/byte say little about the model: it scores [UNK]s, not the text
 UNK_WARN_SHARE = 0.05
@@ -36,8 +37,8 @@ def run_eval(
     baseline: str | None,
     limit: int | None,
     with_bpb: bool = True,
-    max_length: int = 512,
-    batch_size: int = 8,
+    max_length: int = MAX_LENGTH.default,
+    batch_size: int = BATCH_SIZE.default,
     field: str = "text",
     dtype: str = "auto",
     device: str = "auto",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vocgraft.eval.canonical_use import CANONICAL_KEYS, CanonicalUse, canonical_use
+from vocgraft.settings.evaluation import MAX_NEW_TOKENS
 
 # paper 000 Table 4 / paper 003 Table 7, without beam search (one hypothesis: the speed of plain decoding)
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
@@ -119,7 +120,7 @@ def generation_speed(
     prompts: Sequence[str],
     *,
     sampled: bool,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS.default,
     new_token_ids: Collection[int] | None = None,
     seed: int = 0,
 ) -> dict:
@@ -146,7 +147,7 @@ def generation_speeds(
     prompts: Sequence[str],
     *,
     sampled: bool,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS.default,
     seed: int = 0,
 ) -> list[dict]:
     """:func:`generation_speed` of several (model, tokenizer, new ids) on the same prompts, their generations

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from vocgraft.parsing import ArgumentError
+from vocgraft.settings.evaluation import BATCH_SIZE, MAX_LENGTH
 
 DATASET_BUILDER = "text"  # HF datasets' builder for local text files: one example per line, column "text"
 SPLIT = "test"
@@ -131,7 +132,9 @@ def write_task(
     return task
 
 
-def model_args(pretrained: str | Path, prefix_token_id: int, *, max_length: int = 512, dtype: str = "float32") -> str:
+def model_args(
+    pretrained: str | Path, prefix_token_id: int, *, max_length: int = MAX_LENGTH.default, dtype: str = "float32"
+) -> str:
     """``--model_args`` of lm-eval's ``hf`` model that score like `vocgraft eval` (see the module docstring)."""
     if "," in str(pretrained) or "=" in str(pretrained):
         raise ArgumentError(
@@ -144,7 +147,9 @@ def model_args(pretrained: str | Path, prefix_token_id: int, *, max_length: int 
     )
 
 
-def lm_eval_argv(task: LmEvalTask, args: str, *, device: str = "cpu", batch_size: int = 8) -> list[str]:
+def lm_eval_argv(
+    task: LmEvalTask, args: str, *, device: str = "cpu", batch_size: int = BATCH_SIZE.default
+) -> list[str]:
     """The ``lm_eval`` command line (legacy form, which every 0.4.x release reads) for ``task`` with ``args``
     (:func:`model_args`); results go to ``<task folder>/results``."""
     return [

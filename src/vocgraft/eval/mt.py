@@ -14,6 +14,7 @@ from pathlib import Path
 from vocgraft.corpus import CorpusError, numbered_lines
 from vocgraft.eval.generation import first_line_answer
 from vocgraft.eval.metrics import chrf
+from vocgraft.settings.evaluation import MT_LIMIT, MT_MAX_NEW_TOKENS, SHOTS
 
 DEFAULT_TEMPLATE = "Translate {source_language} to {target_language}: {source} ="
 LANGUAGE_NAMES = {
@@ -78,9 +79,9 @@ def translate_and_score(
     lang: str,
     *,
     direction: str = "en-xx",
-    shots: int = 3,
-    limit: int = 50,
-    max_new_tokens: int = 256,
+    shots: int = SHOTS.default,
+    limit: int = MT_LIMIT.default,
+    max_new_tokens: int = MT_MAX_NEW_TOKENS.default,
     template: str = DEFAULT_TEMPLATE,
 ) -> dict:
     """chrF of greedy few-shot translations of ``limit`` pairs after the first ``shots``; ``direction`` en-xx or

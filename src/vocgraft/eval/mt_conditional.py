@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from vocgraft.eval.bootstrap import bootstrap_interval
 from vocgraft.eval.bpb import Window, default_prefix_id, score_windows
 from vocgraft.eval.mt import DEFAULT_TEMPLATE, build_prompt
+from vocgraft.settings.evaluation import SHOTS
 
 SEPARATOR = " "  # between the prompt's "=" and the translation, as build_prompt writes its examples
 METRICS = ("conditional", "mismatched", "gain")
@@ -85,7 +86,7 @@ def conditional_bits_per_byte(
     lang: str,
     *,
     direction: str = "en-xx",
-    shots: int = 3,
+    shots: int = SHOTS.default,
     limit: int | None = 1000,
     template: str = DEFAULT_TEMPLATE,
     max_length: int = 2048,

@@ -24,6 +24,7 @@ import torch
 
 from vocgraft.export import gemma3
 from vocgraft.export.errors import ExportError
+from vocgraft.settings.export import OUTTYPE
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -31,7 +32,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Gemma3ForCausalLM": "gemma3",
 }
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+OUTTYPES = OUTTYPE.choices  # declared with the --outtype setting
 
 
 def gguf_arch(config: Any, where: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from vocgraft.export.errors import ExportError, ExportRefused
 from vocgraft.export.mismatch import PROBE_LINES, Mismatch, heldout_from_manifest, measure
 from vocgraft.export.tokenizer import TokenizerChoice, choose, force, vocabulary
+from vocgraft.settings.export import OUTTYPE
 
 RECORD_KEY = "vocgraft.export"
 STAGE = "export-gguf"
@@ -174,7 +175,7 @@ def export_gguf(
     model: str | Path,
     out: str | Path,
     *,
-    outtype: str = "f32",
+    outtype: str = OUTTYPE.default,
     text: str | Path | None = None,
     force_pre: str | None = None,
     overwrite: bool = False,

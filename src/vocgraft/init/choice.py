@@ -1,6 +1,7 @@
 """A method chosen once: the ``--init`` name resolved to its registered :class:`~vocgraft.init.Method` with its
 settings checked and defaulted. Code after the choice receives this object, not the name, so the name is looked
-up and the settings validated once per run (the CLI's preflight checks them once more, before any work)."""
+up and the settings validated once per run (for `vocgraft expand` / `replace`, by the CLI's preflight, before any
+work: :func:`vocgraft.preflight.choose_init`)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from vocgraft.init.choice import choose
 from vocgraft.models import load_tokenizer
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.adapt import Adapted, Vocabulary, adapt_loaded, adapt_model
+from vocgraft.settings.adapt import AUX_VOCAB_SIZE
 from vocgraft.tokenization import expand_tokenizer, train_tokenizer
 from vocgraft.tokenization.expand import check_pair, expandable_family
 from vocgraft.tokenization.family_rules import kind_like
@@ -70,7 +71,7 @@ class ExpandStep:
     k: int
     aux_tokenizer: Any = None  # loaded; None: trained on the corpus (or loaded from aux_tokenizer_spec)
     aux_tokenizer_spec: str | None = None
-    aux_vocab_size: int = 16000
+    aux_vocab_size: int = AUX_VOCAB_SIZE.default
     protect: Sequence[str] | None = None
     scripts: Collection[str] | str | None = "auto"
     keep_marks: str = "auto"
@@ -145,7 +146,7 @@ def expand_loaded(
     init: str,
     *,
     aux_tokenizer=None,
-    aux_vocab_size: int = 16000,
+    aux_vocab_size: int = AUX_VOCAB_SIZE.default,
     protect: Sequence[str] | None = None,
     scripts: Collection[str] | str | None = "auto",
     seed: int = 0,
@@ -167,7 +168,7 @@ def expand_model(
     out_dir: str | Path,
     *,
     aux_tokenizer_spec: str | None = None,
-    aux_vocab_size: int = 16000,
+    aux_vocab_size: int = AUX_VOCAB_SIZE.default,
     protect: Sequence[str] | None = None,
     scripts: Collection[str] | str | None = "auto",
     seed: int = 0,

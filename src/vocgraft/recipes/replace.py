@@ -19,6 +19,7 @@ from vocgraft.init.choice import choose
 from vocgraft.models import load_tokenizer
 from vocgraft.plan import VocabPlan
 from vocgraft.recipes.adapt import Adapted, Vocabulary, adapt_loaded, adapt_model
+from vocgraft.settings.common import VOCAB_SIZE
 from vocgraft.tokenization import train_tokenizer
 from vocgraft.tokenization.family_rules import kind_like, marks_rule_applies, trained_like
 from vocgraft.tokenization.marks import MarksChoice, check_setting, choose_keep_marks, follow_given
@@ -104,7 +105,7 @@ class ReplaceStep:
     target_tokenizer: Any = None  # loaded; None: trained on the corpus (or loaded from tokenizer_spec)
     tokenizer_spec: str | None = None
     target_kind: str | None = None
-    target_vocab_size: int = 50000
+    target_vocab_size: int = VOCAB_SIZE.default
     keep_marks: str = "auto"
 
     def before_load(self, model_spec: str):
@@ -163,7 +164,7 @@ def replace_loaded(
     *,
     target_tokenizer=None,
     target_kind: str | None = None,
-    target_vocab_size: int = 50000,
+    target_vocab_size: int = VOCAB_SIZE.default,
     resources: dict[str, Any] | None = None,
     seed: int = 0,
     options: dict[str, Any] | None = None,
@@ -183,7 +184,7 @@ def replace_model(
     *,
     tokenizer_spec: str | None = None,
     target_kind: str | None = None,
-    target_vocab_size: int = 50000,
+    target_vocab_size: int = VOCAB_SIZE.default,
     seed: int = 0,
     keep_marks: str = "auto",
     **recipe,

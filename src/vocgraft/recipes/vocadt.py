@@ -14,21 +14,21 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from vocgraft.settings.common import VOCAB_SIZE
+from vocgraft.settings.vocadt import ADAPTERS, ALPHA, MAX_CANDIDATES
 from vocgraft.train.data import TrainingError
 from vocgraft.train.lapt import PreparedModel, TrainConfig, train
-
-# measured in benchmarks/results/vocadt.md (SmolLM2, el and hi, same budget): see README
-DEFAULT_ADAPTERS = "separate"
 
 
 @dataclass
 class VocadtSettings:
     tokenizer: str | None = None  # the target tokenizer; default: train one on the corpus (mix)
     kind: str | None = None  # kind of the trained target tokenizer (default: the source's family)
-    vocab_size: int = 50000
-    alpha: float = 0.1  # aux-loss weight; paper 004: 0.1 for non-Latin scripts, 0 for Latin
-    candidates: int | None = 64  # K nearest old rows per new row (sparse form); None: the dense adapter
-    adapters: str = DEFAULT_ADAPTERS  # separate input and output adapters (the paper's) or one shared adapter
+    # the defaults are the declared settings' (vocgraft.settings.vocadt)
+    vocab_size: int = VOCAB_SIZE.default
+    alpha: float = ALPHA.default  # aux-loss weight; paper 004: 0.1 for non-Latin scripts, 0 for Latin
+    candidates: int | None = MAX_CANDIDATES.default  # K nearest old rows per new row (sparse form); None: dense
+    adapters: str = ADAPTERS.default  # separate input and output adapters (the paper's) or one shared adapter
 
     @classmethod
     def from_flags(cls, flags: dict) -> VocadtSettings:
@@ -62,8 +62,8 @@ def check_dense_memory(settings: VocadtSettings, model_spec: str) -> None:
     AdamW moments) cannot fit in the memory available, with the size and the flag that helps."""
     from transformers import AutoConfig
 
+    from vocgraft.devices import check_memory
     from vocgraft.models import load_tokenizer, resolve
-    from vocgraft.preflight import check_memory
     from vocgraft.train.vocadt import adapter_memory
 
     n_old = AutoConfig.from_pretrained(resolve(model_spec)).vocab_size

@@ -47,6 +47,9 @@ MT = Setting("mt", str, None, "parallel english<TAB>target file, e.g. ../shared/
 SHOTS = Setting("shots", int, 3, "MT examples in the prompt (the file's first pairs)",
                 rule=rule(lambda v: v >= 0, "at least 0", 1000))  # fmt: skip
 MT_LIMIT = Setting("mt_limit", int, 50, "MT test pairs (after the examples)", rule=at_least_1())
+MT_DIRECTIONS = Setting("mt_directions", str, ["en-xx", "xx-en"], nargs="+", choices=("en-xx", "xx-en"), key=None)
+MT_MAX_NEW_TOKENS = Setting("mt_max_new_tokens", int, 256, "MT answer budget (stops at a line break)",
+                            rule=at_least_1(1 << 20), key=None)  # fmt: skip
 DOWNSTREAM = Stage(
     "downstream",
     (
@@ -56,11 +59,7 @@ DOWNSTREAM = Stage(
         Setting("prompts", str, None, "text whose lines' beginnings are generation prompts (speed, new-token share)",
                 key=None),
         Setting("num_prompts", int, 20, rule=at_least_1(), key=None),
-        MAX_NEW_TOKENS, MT,
-        Setting("mt_directions", str, ["en-xx", "xx-en"], nargs="+", choices=("en-xx", "xx-en"), key=None),
-        SHOTS, MT_LIMIT,
-        Setting("mt_max_new_tokens", int, 256, "MT answer budget (stops at a line break)", rule=at_least_1(1 << 20),
-                key=None),
+        MAX_NEW_TOKENS, MT, MT_DIRECTIONS, SHOTS, MT_LIMIT, MT_MAX_NEW_TOKENS,
         Setting("mt_template", str, None, "default: 'Translate {source_language} to {target_language}: {source} ='",
                 key=None),
         Setting("task", str, None, "TASK=FILE with TASK nli, sum or span (JSONL); repeatable", action="append",

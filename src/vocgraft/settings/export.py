@@ -5,13 +5,14 @@ from __future__ import annotations
 from vocgraft.settings import common as c
 from vocgraft.settings.setting import Setting, Stage
 
+OUTTYPE = Setting("outtype", str, "f32", "tensor type (1-D tensors and norms stay f32)",
+                  choices=("f32", "f16", "bf16", "q8_0"))  # fmt: skip
 EXPORT_GGUF = Stage(
     "export gguf",
     (
         Setting("model", str, None, "a vocgraft output or a Llama/Qwen2 causal-LM directory", required=True),
         c.OUT.but(help="the .gguf file to write"),
-        Setting("outtype", str, "f32", "tensor type (1-D tensors and norms stay f32)",
-                choices=("f32", "f16", "bf16", "q8_0")),
+        OUTTYPE,
         Setting("text", str, None, "text to measure a refused tokenizer on (default: the output's held-out text, if "
                 "its manifest names the corpus)"),
         Setting("force_pre", str, None, "write this llama.cpp pre-tokenizer type although llama.cpp will tokenize "

@@ -35,20 +35,23 @@ SWEEP = Stage(
         Setting("k", str, None, "new-token counts, e.g. 50,100,500,1000,5000"),
         Setting("init", str, None, "init methods, e.g. random,mean,align"),
         Setting("sizes", str, None, "LAPT corpus sizes |D|, e.g. 2^10..2^15 (needs a train section)"),
-        TOLERANCE.but(default=None, help=f"allowed relative bits/byte loss vs the source (default: the config's, else "
-                      f"{TOLERANCE.default})"),
+        TOLERANCE.but(
+            default=None,
+            help=f"allowed relative bits/byte loss vs the source (default: the config's, else {TOLERANCE.default})",
+        ),
         Setting("jobs", int, 1, "settings run in parallel processes", rule=at_least_1(1024)),
     ),
     summary="the pipeline over k x init (x |D|), with report.md, plots and a recommendation",
 )
 
+MINUTES = Setting("minutes", float, 5.0, "time budget", rule=positive(1e6))
 PLM = Stage(
     "plm train",
     (
         c.CORPUS,
         Setting("tokenizer", str, None, "the target tokenizer (a directory)", required=True),
         c.OUT,
-        Setting("minutes", float, 5.0, "time budget", rule=positive(1e6)),
+        MINUTES,
         # `plm train --steps 0` saved an untrained model
         Setting("steps", int, None, "step budget (whichever runs out first)", rule=at_least_1()),
         Setting("max_lines", int, None, rule=at_least_1()),

@@ -3,7 +3,18 @@ defaults from here.
 
 The settings a recipe decides (``RECIPE_KEYS``: strategy, objective, the budget, lr, ...) default to None, "the
 recipe's": :func:`vocgraft.train.recipe.with_recipe` fills them in from ``recipe`` (``papers`` unless another is
-named), on the command line and in a pipeline alike.
+named), on the command line and in a pipeline alike. The recipes (:data:`RECIPES`) are named presets of those
+settings, declared here with them, so that one name gives the papers' LAPT:
+
+- ``papers`` (the default of ``vocgraft train`` and of a pipeline's ``train`` section): 2x2 layers + embeddings +
+  head, CLM + MTP, 2 epochs, lr 1e-4 with a cosine schedule, 100 warmup updates (a run of fewer than 1,000 updates
+  warms up over its first 10%, at least 1), weight decay 0.01, batch 8 x 512 tokens (paper 000 Table 3; paper 003
+  §6.6 and Table 6).
+- ``quick``: LoRA + CLM for 100 updates, otherwise as ``papers`` (``recipe: quick``, ``--recipe quick``).
+
+A setting given explicitly wins over the recipe's; a budget given (epochs, max_steps or max_tokens) replaces the
+recipe's budget as a whole, so ``--recipe papers --max-steps 500`` trains 500 updates, not 2 epochs. The budgets
+that do not decide are None, so a filled-in section names one budget and can be filled in again.
 """
 
 from __future__ import annotations
@@ -29,10 +40,26 @@ DEFAULT_JOIN = "newline"
 SEQUENCE_RULE = rule(lambda v: v >= 2, "at least 2 (a token and the next one to predict)", 1 << 20)
 BUDGET = "budget"  # epochs, max_steps, max_tokens: one decides the number of updates
 
+# the settings a recipe decides
+RECIPE_KEYS = (
+    "strategy", "objective", "seq_len", "batch_size", "epochs", "max_steps", "max_tokens", "lr", "warmup_steps",
+    "weight_decay",
+)  # fmt: skip
+BUDGET_KEYS = ("epochs", "max_steps", "max_tokens")  # one of them decides the number of updates
+DEFAULT_EPOCHS = 2.0
+PAPERS = {
+    "strategy": "2x2", "objective": "mtp", "seq_len": 512, "batch_size": 8, "epochs": DEFAULT_EPOCHS,
+    "max_steps": None, "max_tokens": None, "lr": 1e-4, "warmup_steps": 100, "weight_decay": 0.01,
+}  # fmt: skip
+RECIPES: dict[str, dict] = {
+    "papers": PAPERS,
+    "quick": {**PAPERS, "strategy": "lora", "objective": "clm", "epochs": None, "max_steps": 100},
+}
+
 RECIPE = Setting(
     "recipe", str, DEFAULT_RECIPE, "preset of the settings below marked 'the recipe's' (papers: 2x2 + MTP, 2 epochs, "
     "lr 1e-4 cosine, 100 warmup updates, weight decay 0.01, batch 8 x 512; quick: LoRA + CLM, 100 updates); a "
-    "setting given wins over its recipe value", choices=lambda: tuple(lazy("vocgraft.train.recipe", "RECIPES")()),
+    "setting given wins over its recipe value", choices=tuple(RECIPES),
 )  # fmt: skip
 STRATEGY = Setting(
     "strategy", str, None, "two-stage, two-stage-2x2: embeddings + head first, then LoRA or 2x2",
@@ -133,8 +160,6 @@ TRAIN_SECTION = (*SCHEDULE, MIXED, GRADIENT_CHECKPOINTING, c.SECTION_DEVICE, c.S
 
 def recipe_help(setting: Setting) -> str:
     """`vocgraft train`'s note on a setting the recipe fills in."""
-    from vocgraft.train.recipe import PAPERS
-
     if setting.name not in PAPERS or setting.default is not None:
         return ""
     if setting.group == BUDGET and setting.name != "epochs":  # the papers' budget is epochs; the others are None

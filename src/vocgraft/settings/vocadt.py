@@ -62,9 +62,7 @@ class Method:
 
 def training_defaults() -> dict:
     """VocADT's training settings: the papers' recipe values (it has no recipe) with its own learning rate."""
-    from vocgraft.train.recipe import PAPERS
-
-    return {**{k: v for k, v in PAPERS.items() if k in TRAINING_NAMES}, "lr": VOCADT_LR}
+    return {**{k: v for k, v in t.PAPERS.items() if k in TRAINING_NAMES}, "lr": VOCADT_LR}
 
 
 def training_settings(section: dict) -> dict:

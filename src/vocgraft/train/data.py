@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from vocgraft.errors import UserError
-from vocgraft.settings.train import DEFAULT_JOIN  # noqa: F401 (re-exported; declared with the join setting)
 
 
 class TrainingError(UserError, ValueError):

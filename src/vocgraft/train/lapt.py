@@ -37,7 +37,7 @@ from vocgraft import failpoints
 from vocgraft.diskerrors import translate_disk_errors
 from vocgraft.outdir import check_writable
 from vocgraft.progress import progress
-from vocgraft.settings.train import TRAIN
+from vocgraft.settings.train import DEFAULT_EPOCHS, PAPERS, TRAIN
 from vocgraft.train import checkpoints as ckpt
 from vocgraft.train import new_rows
 from vocgraft.train.checkpoints import SCHEDULER_FILE, STATE_FILE, remove_checkpoints  # noqa: F401 (re-exported)
@@ -50,7 +50,7 @@ from vocgraft.train.data import (
     split_validation,
 )
 from vocgraft.train.objectives import OBJECTIVES, LMObjective
-from vocgraft.train.recipe import DEFAULT_EPOCHS, PAPERS, with_recipe
+from vocgraft.train.recipe import with_recipe
 from vocgraft.train.schedule import cosine_with_warmup, warmup_for
 from vocgraft.train.strategies import base_model, configure, embedding_weights, phases, trainable_count
 
@@ -86,8 +86,8 @@ class TrainConfig:
     model: str
     corpus: str | list  # a source, or [[source, weight], ...]: a weighted mixture (corpus.read_corpus)
     out: str
-    # the recipe's settings default to the papers' recipe (train/recipe.py); the others are declared with their
-    # flags and pipeline keys in vocgraft.settings.train
+    # the recipe's settings default to the papers' recipe; it and the others are declared with their flags and
+    # pipeline keys in vocgraft.settings.train
     strategy: str = PAPERS["strategy"]
     objective: str = PAPERS["objective"]
     seq_len: int = PAPERS["seq_len"]
@@ -130,7 +130,7 @@ class TrainConfig:
     gradient_checkpointing: bool = _default("gradient_checkpointing")
 
     def __post_init__(self) -> None:
-        if self.epochs is None:  # a recipe whose budget is another setting (train/recipe.py): the default
+        if self.epochs is None:  # a recipe whose budget is another setting (settings/train.py): the default
             self.epochs = DEFAULT_EPOCHS
 
     def checkpoint_root(self) -> Path:

@@ -25,6 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from vocgraft.outdir import atomic_output_dir, check_writable, write_manifest
 from vocgraft.progress import progress
+from vocgraft.settings.run import MINUTES
 from vocgraft.tokenization.ids import id_range
 from vocgraft.tokenization.portable import save_portable
 from vocgraft.train.data import TrainingError, pack_tokens
@@ -199,7 +200,7 @@ def plm_train_main(
     corpus: str | Path,
     tokenizer_spec: str | Path,
     out: str | Path,
-    minutes: float | None = 5.0,
+    minutes: float | None = MINUTES.default,
     *,
     steps: int | None = None,
     max_lines: int | None = None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vocgraft.settings.train import STAGE1_SHARE
 from vocgraft.train.data import TrainingError
 
 STRATEGIES = ("full", "lora", "two-stage", "2x2", "two-stage-2x2", "embeddings")
@@ -31,7 +32,7 @@ class Phase:
     steps: int
 
 
-def phases(strategy: str, total_steps: int, stage1_share: float = 0.5) -> list[Phase]:
+def phases(strategy: str, total_steps: int, stage1_share: float = STAGE1_SHARE.default) -> list[Phase]:
     """The phases of ``strategy`` over ``total_steps`` optimizer steps."""
     if strategy not in (*STRATEGIES, ADAPTERS):
         raise TrainingError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
+from vocgraft.settings.vocadt import MAX_CANDIDATES
 from vocgraft.train.data import TrainingError
 from vocgraft.train.neighbours import CosineIndex, nearest_rows  # noqa: F401 (nearest_rows: re-exported)
 
@@ -115,7 +116,7 @@ def adapter_start(
     source_tokenizer: Any,
     target_tokenizer: Any,
     *,
-    candidates: int | None = 64,
+    candidates: int | None = MAX_CANDIDATES.default,
     seed: int = 0,
     device: str | torch.device | None = None,
 ) -> AdapterStart:
