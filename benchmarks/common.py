@@ -6,11 +6,14 @@ import os
 import platform
 import time
 
+import roofline_lib
 import torch
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}"
+    """The CPU model first: machines lent here differ between sessions (bfloat16 native or emulated)."""
+    cpu = roofline_lib.cpu_model()
+    return f"{cpu}, {platform.machine()}, {os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}"
 
 
 def new_report(model: str, args, **sections) -> dict:

@@ -216,14 +216,15 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     _, _, shared, _ = parse_init(f"x={args.options}")
-    settings = {name: getattr(args, name) for name in ROW_SETTINGS}
+    # the CPU too: a row from another machine lent here (bfloat16 native or not) is not comparable
+    settings = {name: getattr(args, name) for name in ROW_SETTINGS} | {"cpu": roofline_lib.cpu_model()}
     old = {}
     if args.resume and Path(f"{args.out}.json").exists():
         kept = json.loads(Path(f"{args.out}.json").read_text(encoding="utf-8"))
         if kept.get("settings") == settings:
             old = kept.get("ks", {})
     report = new_report(args.model, args, settings=settings, cpu=roofline_lib.cpu_model(),
-                        roofline_file=str(roofline_lib.RESULT_FILES["cpu"].relative_to(RESULTS.parent.parent)),
+                        roofline_file=str(roofline_lib.results_file("cpu").relative_to(RESULTS.parent.parent)),
                         tolerance=TOLERANCE, goal_seconds=GOAL_SECONDS, ks={})  # fmt: skip
     # a resumed run keeps the ks it does not run again (--ks 1000, later --ks 5000 --resume: one report)
     report["ks"].update({k: v for k, v in old.items() if int(k) not in args.ks})

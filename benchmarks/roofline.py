@@ -3,8 +3,8 @@
 The products a decoder's training step runs (``roofline_lib``: attention projections, MLP, head; forward, gradient
 of the input, gradient of the weight) for SmolLM2-135M, a 1B-shaped Llama (Llama-3.2-1B) and Llama-3 8B's head,
 each the median of ``--repeats`` timings after a warm-up. Writes GFLOP/s per shape and dtype and the roofline
-figures other benchmarks divide by (``roofline_lib.load_roofline``) to ``results/roofline.{json,md}`` (CPU) or
-``results/roofline_gpu.{json,md}`` (``--device cuda``).
+figures other benchmarks divide by (``roofline_lib.load_roofline``) to ``results/roofline-cpu-<model>.{json,md}``
+(one file per CPU model: the machine lent here changes) or ``results/roofline_gpu.{json,md}`` (``--device cuda``).
 
     .venv/bin/python benchmarks/roofline.py                  # CPU, every core: about 1-2 minutes
     .venv/bin/python benchmarks/roofline.py --quick          # a 10-second smoke (few tokens, one timing)
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
         args.tokens, args.repeats, args.min_seconds = args.tokens or 64, 1, 0.0
         args.models = [m for m in args.models if m != "llama3-8b-head"] or args.models
     result = run(device, args)
-    out = Path(args.out) if args.out else lib.RESULT_FILES[device.type].with_suffix("")
+    out = Path(args.out) if args.out else lib.results_file(device.type).with_suffix("")
     if args.quick and not args.out:  # a smoke never replaces the measured figures
         out = Path(tempfile.gettempdir()) / f"{out.name}_quick"
     write(result, out)

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +32,9 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RESULT_FILES = {"cpu": RESULTS / "roofline.json", "cuda": RESULTS / "roofline_gpu.json"}
+RESULT_FILES = {"cuda": RESULTS / "roofline_gpu.json"}
+# this workplace lends a different CPU from one session to the next (an Intel Xeon with avx512_bf16, an AMD EPYC
+# with AVX2 only): a CPU's figures go to a file of their own, named after the CPU model (cpu_results_file)
 # on a GPU float32 is measured twice: IEEE float32 and TF32 tensor cores (torch's float32 matmul precision)
 DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bfloat16")}
 
@@ -298,14 +301,27 @@ def report(device: torch.device, rows: list[Measurement], settings: dict, load_b
     }
 
 
+def cpu_results_file(cpu: str | None = None) -> Path:
+    """Where roofline.py keeps the figures of the CPU model ``cpu`` (default: this one)."""
+    slug = re.sub(r"\((r|tm)\)", "", (cpu or cpu_model()).lower())
+    return RESULTS / f"roofline-cpu-{re.sub(r'[^a-z0-9]+', '-', slug).strip('-')}.json"
+
+
+def results_file(device: str) -> Path:
+    """The roofline file of this machine's ``device``: on a CPU, the file of this CPU model (another CPU's figures
+    would be a wrong ruler)."""
+    device = device.split(":")[0]
+    return cpu_results_file() if device == "cpu" else RESULT_FILES[device]
+
+
 def load_roofline(
     device: str, dtype: str, model: str | None = None, kind: str = "train", path: str | Path | None = None
 ) -> float | None:
     """The roofline in GFLOP/s for ``device`` ("cpu" or "cuda") and ``dtype`` ("float32", "tf32", "bfloat16"):
     ``model``'s step figure (``kind`` "train" or "forward") when given and measured, else the device's figure;
-    None when ``roofline.py`` has not measured it (``path``: another results file)."""
-    file = Path(path) if path else RESULT_FILES.get(device.split(":")[0])
-    if file is None or not file.is_file():
+    None when ``roofline.py`` has not measured it on this CPU model (``path``: another results file)."""
+    file = Path(path) if path else results_file(device)
+    if not file.is_file():
         return None
     entry = json.loads(file.read_text(encoding="utf-8")).get("roofline", {}).get(dtype)
     if entry is None:
