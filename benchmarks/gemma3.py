@@ -7,7 +7,8 @@ whether llama.cpp runs the exports as transformers does.
    ``parallel/en-<lang>.tsv`` sentences over the tokens of their English sides (the "premium").
 2. The most fragmented language (the most tokens/line, English aside; ``--lang`` overrides), expanded by ``--k`` new
    tokens (`vocgraft expand`'s own path, ``expand_model``) with init ``mean`` and with ``distill`` (``distill_merge
-   all``). Right after the init, on the first ``--eval-lines`` held-out lines: speedup (the source's token count
+   all``; ``--inits`` names fewer).
+   Right after the init, on the first ``--eval-lines`` held-out lines: speedup (the source's token count
    over the expansion's), bits/byte (and the source's); greedy continuations of ``--prompts`` held-out prompts
    with the canonical rate of the new tokens (new ids emitted / new ids in the canonical re-encoding of the same
    text, vocgraft.eval.canonical_use).
@@ -275,6 +276,8 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=8192)
     parser.add_argument("--aux-vocab-size", type=int, default=16000)
     parser.add_argument("--distill-merge", default="all")
+    parser.add_argument("--inits", nargs="*", default=["mean", "distill"], choices=["mean", "distill"],
+                        help="the inits to expand with (distill on a 262K vocabulary takes hours on a slow CPU)")
     parser.add_argument("--eval-lines", type=int, default=300)
     parser.add_argument("--prompts", type=int, default=20, help="held-out prompts for the canonical rate")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -306,7 +309,7 @@ def main() -> None:
         if "expand" in args.stages
         else None
     )
-    for init in ("mean", "distill"):
+    for init in args.inits:
         folder = work / f"{lang}-k{args.k}-{init}"
         if "expand" in args.stages:
             if not (folder / "vocgraft.json").is_file():  # the work folder was cleared: expand again
