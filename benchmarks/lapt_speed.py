@@ -180,8 +180,9 @@ def main() -> None:
         parser.error("--steps must be at least 2 (the first step of each run is not timed)")
     torch.set_num_threads(args.threads)
     corpus = args.corpus or str(SHARED_CORPORA / args.lang / "train.txt")
+    roofline_file = args.roofline or str(results_file(args.device).relative_to(RESULTS.parent.parent))
     report = new_report(args.model, args, argv=sys.argv[1:], load_before=os.getloadavg(), arms={},
-                        roofline_file=str(Path(args.roofline) if args.roofline else results_file(args.device)))
+                        roofline_file=roofline_file)  # fmt: skip
     print(f"load average before: {report['load_before']}", flush=True)
     tokens = args.batch_size * args.seq_len
     with tempfile.TemporaryDirectory(prefix="vocgraft-lapt-speed-") as scratch:
