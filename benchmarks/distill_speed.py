@@ -223,8 +223,7 @@ def main() -> None:
         kept = json.loads(Path(f"{args.out}.json").read_text(encoding="utf-8"))
         if kept.get("settings") == settings:
             old = kept.get("ks", {})
-    report = new_report(args.model, args, settings=settings, cpu=roofline_lib.cpu_model(),
-                        roofline_file=str(roofline_lib.results_file("cpu").relative_to(RESULTS.parent.parent)),
+    report = new_report(args.model, args, settings=settings, roofline_file=roofline_lib.results_file_name("cpu"),
                         tolerance=TOLERANCE, goal_seconds=GOAL_SECONDS, ks={})  # fmt: skip
     # a resumed run keeps the ks it does not run again (--ks 1000, later --ks 5000 --resume: one report)
     report["ks"].update({k: v for k, v in old.items() if int(k) not in args.ks})
@@ -274,7 +273,7 @@ def write_markdown(report: dict, path: Path) -> None:
     a = report["args"]
     text = [
         f"# Distillation init speed: float32 path vs fast path, {report['model']}, {a['lang']}\n",
-        f"{report['machine']}, {report['cpu']}, {report['date']}. {a['lines']} training lines (auxiliary BPE of "
+        f"{report['machine']}, {report['date']}. {a['lines']} training lines (auxiliary BPE of "
         f"{a['aux_vocab_size']} and the init's corpus), `--distill-merge all`"
         + (f", settings {a['options']}" if a["options"] else ", distill's default budget")
         + f"; bits/byte on {a['eval_lines']} held-out lines, greedy canonical rate on {a['prompts']} prompts "

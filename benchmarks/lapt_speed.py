@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 from common import new_report
-from roofline_lib import MODELS, load_roofline, results_file
+from roofline_lib import MODELS, load_roofline, results_file_name
 
 from vocgraft.corpus import SHARED_CORPORA, read_corpus
 from vocgraft.models import load_model
@@ -180,9 +180,8 @@ def main() -> None:
         parser.error("--steps must be at least 2 (the first step of each run is not timed)")
     torch.set_num_threads(args.threads)
     corpus = args.corpus or str(SHARED_CORPORA / args.lang / "train.txt")
-    roofline_file = args.roofline or str(results_file(args.device).relative_to(RESULTS.parent.parent))
     report = new_report(args.model, args, argv=sys.argv[1:], load_before=os.getloadavg(), arms={},
-                        roofline_file=roofline_file)  # fmt: skip
+                        roofline_file=args.roofline or results_file_name(args.device))  # fmt: skip
     print(f"load average before: {report['load_before']}", flush=True)
     tokens = args.batch_size * args.seq_len
     with tempfile.TemporaryDirectory(prefix="vocgraft-lapt-speed-") as scratch:
@@ -283,7 +282,7 @@ def write_markdown(report: dict, path: Path) -> None:
         "GFLOP/s: one step's matmul FLOPs (every nn.Linear incl. the head: 2 per weight per token forward, 2 for "
         "the input's gradient, 2 more for the weight's gradient where it trains; MTP adds 6 x hidden x vocabulary "
         "per predicted token; attention's QK^T and AV left out) over the median step time. Roofline: "
-        f"{report.get('roofline_file', 'benchmarks/results/roofline.json')}'s step figure in the arm's dtype.\n",
+        f"{report['roofline_file']}'s step figure in the arm's dtype.\n",
         markdown_table(["arm", "timed steps", "median s/step", "min", "max", "tokens/s", "GFLOP/s", "of roofline"],
                        rows),  # fmt: skip
         "\nTrainer / bare loop tokens/s (goal: at least 0.9): "

@@ -314,6 +314,11 @@ def results_file(device: str) -> Path:
     return cpu_results_file() if device == "cpu" else RESULT_FILES[device]
 
 
+def results_file_name(device: str) -> str:
+    """:func:`results_file` relative to the repository, as the reports name it."""
+    return str(results_file(device).relative_to(RESULTS.parent.parent))
+
+
 def load_roofline(
     device: str, dtype: str, model: str | None = None, kind: str = "train", path: str | Path | None = None
 ) -> float | None:

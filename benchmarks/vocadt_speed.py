@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 from common import new_report
-from roofline_lib import load_roofline, results_file
+from roofline_lib import load_roofline, results_file_name
 
 import vocgraft.train.vocadt as vocadt
 from vocgraft.models import load_tokenizer
@@ -211,7 +211,7 @@ def main() -> None:
 
     peaks = {dtype: load_roofline("cpu", dtype) for dtype in ("bfloat16", "float32")}
     report["roofline_gflops"] = peaks
-    report["roofline_file"] = str(results_file("cpu").relative_to(RESULTS.parent.parent))
+    report["roofline_file"] = results_file_name("cpu")
     if peaks["bfloat16"]:
         new["shortlist_roofline_share"] = new["shortlist_gflops"] / peaks["bfloat16"]
         new["search_roofline_share"] = new["search_gflops"] / peaks["bfloat16"]
@@ -249,7 +249,7 @@ def write_markdown(report: dict, path: Path) -> None:
         f"({new['shortlist_gflops']:.0f} GFLOP/s bfloat16), float32 settling {steps['settle']:.1f}, exact "
         f"fallback {steps['exact']:.1f} for {new['fallback_rows']:,} rows. GFLOP/s: the shortlist's bfloat16 "
         "products (2 x rows x keys x hidden) over the search's seconds; the exact search's float32 products over "
-        f"its own. Roofline ({report.get('roofline_file', 'benchmarks/results/roofline.json')}, this CPU's "
+        f"its own. Roofline ({report['roofline_file']}, this CPU's "
         "FLOP-weighted median): "
         f"{peaks['bfloat16'] or 0:.0f} GFLOP/s bfloat16, {peaks['float32'] or 0:.0f} float32.\n",
         f"Agreement with the exact float32 search on {agree['rows']:,} rows: {agree['same_set_rows']:,} "
