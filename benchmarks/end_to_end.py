@@ -27,10 +27,15 @@ the source), with a paired bootstrap interval over prompts, the split into chara
 and held-out tokens per byte. ``--llama-cpp`` does the same in llama.cpp on the models exported with
 ``vocgraft export gguf``.
 
+``--lines`` is |D| for every language, or per language: ``--lines 2048 hi=3072`` (a script that packs into more
+tokens per line needs more lines for the same number of updates).
+
 Resumable across processes: each finished row (and each speed pass) is written to ``--out.json`` the moment it is
 done; ``--resume`` skips finished rows, reuses the models kept in ``--work`` and continues an interrupted LAPT run
-from its last checkpoint. ``--budget-minutes`` stops cleanly (LAPT checkpointed) before a session ends. Run it with
-the cores otherwise idle: it uses every core and records the load average per row.
+from its last checkpoint; a language whose |D| changed has its rows and speed passes dropped and run again (its
+LAPT models in ``--work`` too), the other languages keep theirs. ``--budget-minutes`` stops cleanly (LAPT
+checkpointed) before a session ends. Run it with the cores otherwise idle: it uses every core and records the load
+average per row.
 
     .venv/bin/python benchmarks/end_to_end.py --langs el --budget-minutes 160             # later: --resume
     .venv/bin/python benchmarks/end_to_end.py --langs el --resume --speed --llama-cpp     # after the rows
@@ -42,6 +47,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,7 +79,7 @@ from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.marks import choose_keep_marks
 from vocgraft.tokenization.scripts import dominant_scripts
 from vocgraft.train.data import pack_tokens, split_validation
-from vocgraft.train.lapt import TrainConfig, TrainingStopped, train
+from vocgraft.train.lapt import STATE_FILE, TrainConfig, TrainingStopped, train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE, SOURCE_LAPT = "source", "source + LAPT"
@@ -81,14 +87,17 @@ XLABEL = "characters/s at a fixed length, relative to source + LAPT (interleaved
 # settings that decide what a row measures: a resumed run must have the same ones
 # the lists a resume may extend (rows are keyed by name): the whole grid is their union
 GRID_LISTS = ("langs", "inits", "variants", "equal_lines_inits", "variant_inits")
+# |D| (--lines) is not among them: it is per language, and a resume runs again the rows of a language whose |D|
+# changed (open_report)
 GRID_KEYS = (
-    "model", "ks", "aux_lines", "aux_vocab_size", "lines", "strategy", "objective", "seq_len", "batch_size",
+    "model", "ks", "aux_lines", "aux_vocab_size", "strategy", "objective", "seq_len", "batch_size",
     "epochs", "updates", "lr", "warmup_steps", "join", "val_lines", "eval_lines", "en_lines", "cond_pairs",
     "prompts", "health_prompts", "max_new_tokens", "new_tokens", "mt_pairs", "shots", "mt_max_new_tokens", "seed",
 )  # fmt: skip
 
 
 COND_ROW_KEYS = ("bits", "mismatched_bits", "bytes", "tokens")
+LINES = 2048  # |D| of a language that --lines does not name
 
 
 class GridError(ValueError):
@@ -145,6 +154,34 @@ def planned_rows(lang: str, args) -> list[Row]:
     return rows
 
 
+def parse_lines(items: list[str]) -> tuple[int, dict[str, int]]:
+    """``--lines`` items: ``N`` (|D| of every language) and ``LANG=N`` (that language's), e.g. ``2048 hi=3072``
+    -> (the default |D|, {lang: |D|}); without ``N`` the default stays :data:`LINES`."""
+    default, per_lang = None, {}
+    for item in items:
+        lang, sep, value = item.partition("=")
+        if not sep:
+            lang, value = None, item
+        if not (value.isascii() and value.isdigit() and int(value) >= 1) or (sep and not lang.strip()):
+            raise GridError(
+                f"--lines {item!r}: write N or LANG=N, N a positive number of lines (e.g. --lines 2048 hi=3072)."
+            )
+        if (default if lang is None else per_lang.get(lang)) is not None:
+            raise GridError(f"--lines {item!r}: {'the default' if lang is None else lang} is given |D| twice.")
+        if lang is None:
+            default = int(value)
+        else:
+            per_lang[lang] = int(value)
+    return LINES if default is None else default, per_lang
+
+
+def lines_of(settings, lang: str) -> int:
+    """A language's |D| under ``settings`` (the arguments, or a report's ``args``; one from before per-language
+    |D| has ``lines`` only: every language's)."""
+    a = settings if isinstance(settings, dict) else vars(settings)
+    return (a.get("lang_lines") or {}).get(lang, a["lines"])
+
+
 def parse_variant(spec: str) -> tuple[str, dict]:
     """``label=key:value,...`` -> (label, TrainConfig overrides), e.g. ``newrows10=new_rows_lr_scale:10``."""
     label, _, settings = spec.partition("=")
@@ -195,7 +232,7 @@ def language_data(lang: str, args) -> LanguageData:
             f"{root / 'parallel' / f'en-{lang}.tsv'} has {len(pairs)} pairs; --shots {args.shots} + --mt-pairs / "
             f"--cond-pairs need {needed}: lower them."
         )
-    sample = read_corpus(corpus, sample=args.lines, seed=args.seed)  # what train() samples with the same seed
+    sample = read_corpus(corpus, sample=lines_of(args, lang), seed=args.seed)  # what train() samples with the same seed
     train_lines, val_lines = split_validation(sample, args.val_lines)
     # prompts from the end of the held-out file: bits/byte reads every line, so the two overlap only when the file
     # is short; held-out either way
@@ -220,9 +257,9 @@ def check_sizes(lang: str, tokenizers: dict[str, object], data: LanguageData, ar
             )
         if train_chunks < args.batch_size:
             raise GridError(
-                f"{lang}, {name}: the {len(data.train_lines)} training lines (--lines minus --val-lines) pack into "
-                f"{train_chunks} sequences of {args.seq_len}, fewer than one batch of --batch-size "
-                f"{args.batch_size}; raise --lines or lower --batch-size / --seq-len."
+                f"{lang}, {name}: the {len(data.train_lines)} training lines (its |D| = {lines_of(args, lang)} of "
+                f"--lines minus --val-lines) pack into {train_chunks} sequences of {args.seq_len}, fewer than one "
+                f"batch of --batch-size {args.batch_size}; raise --lines or lower --batch-size / --seq-len."
             )
         sizes[name] = {
             "train_tokens": train_tokens, "train_sequences": train_chunks, "val_sequences": val,
@@ -326,21 +363,47 @@ LAPT_FACTS = (
 )  # fmt: skip
 
 
-def lapt(model_dir: str, out: Path, corpus: str, args, stop_at, max_steps: int | None, overrides: dict) -> dict:
-    """LAPT of ``model_dir`` into ``out`` with the grid's recipe (``max_steps``: equal updates; None: the recipe's
-    epochs over the lines), continuing from ``out``'s checkpoints when an earlier process left some; a finished
-    ``out`` is reused. Returns the run's facts."""
+def lapt(
+    model_dir: str, out: Path, corpus: str, sample: int, args, stop_at, max_steps: int | None, overrides: dict
+) -> dict:
+    """LAPT of ``model_dir`` into ``out`` with the grid's recipe on ``sample`` lines (the language's |D|;
+    ``max_steps``: equal updates; None: the recipe's epochs over the lines), continuing from ``out``'s checkpoints
+    when an earlier process left some; a finished ``out`` is reused. What ``out`` keeps of another |D| (the
+    language's ``--lines`` changed) is removed first. Returns the run's facts."""
+    remove_other_lines(out, sample)
     if not complete(out):
         settings = dict(
             model=model_dir, corpus=corpus, out=str(out), strategy=args.strategy, objective=args.objective,
             seq_len=args.seq_len, batch_size=args.batch_size, epochs=args.epochs, max_steps=max_steps, lr=args.lr,
-            warmup_steps=args.warmup_steps, join=args.join, sample=args.lines, val_lines=args.val_lines,
+            warmup_steps=args.warmup_steps, join=args.join, sample=sample, val_lines=args.val_lines,
             seed=args.seed, show_progress=args.progress, resume=True, save_minutes=args.save_minutes,
             stop_at=stop_at, device=args.device, recipe="papers",
         )  # fmt: skip
         train(TrainConfig(**(settings | overrides)))
     summary = json.loads((out / "train_log.json").read_text(encoding="utf-8"))["summary"]
     return {k: summary.get(k) for k in LAPT_FACTS}
+
+
+def remove_other_lines(out: Path, sample: int) -> None:
+    """Remove a LAPT model, checkpoints and GGUF export that ``--work`` keeps for ``out`` when they were trained on
+    another |D| than ``sample``: a finished one would be reused, checkpoints refused, an export timed."""
+    checkpoints, gguf = Path(f"{out}.checkpoints"), out.parent / "gguf" / f"{out.name}.gguf"
+    trained = []
+    if complete(out):
+        trained.append(json.loads((out / "vocgraft.json").read_text(encoding="utf-8")).get("training", {}))
+    for state in sorted(checkpoints.glob(f"step-*/{STATE_FILE}")):
+        try:
+            trained.append(json.loads(state.read_text(encoding="utf-8")).get("config", {}))
+        except (OSError, ValueError):
+            continue  # a damaged checkpoint: the trainer's resume reports it
+    other = sorted({t["sample"] for t in trained if "sample" in t and t["sample"] != sample}, key=str)
+    if not other:
+        return
+    print(f"{out}: trained on |D| = {', '.join(map(str, other))} lines, not {sample}: removed, to train again")
+    for path in (out, checkpoints):
+        if path.exists():
+            shutil.rmtree(path)
+    gguf.unlink(missing_ok=True)
 
 
 class Grid:
@@ -352,7 +415,10 @@ class Grid:
         return self.report["langs"].get(lang, {}).get("rows", [])
 
     def done(self, lang: str, name: str) -> bool:
-        return any(r["name"] == name for r in self.rows_of(lang))
+        """A row finished with the language's current |D| (its entry records the |D| its rows were made with)."""
+        entry = self.report["langs"].get(lang, {})
+        same_lines = entry.get("lines", lines_of(self.report["args"], lang)) == lines_of(self.args, lang)
+        return same_lines and any(r["name"] == name for r in self.rows_of(lang))
 
     def check_budget(self) -> None:
         if self.stop_at is not None and time.time() >= self.stop_at:
@@ -362,7 +428,7 @@ class Grid:
         """(data, tokenizers, aux) of a language with rows left to run, its sizes checked; None when every row of
         it was finished earlier. Cheap (tokenizers only): every language is prepared before any model work."""
         args = self.args
-        entry = self.report["langs"].setdefault(lang, {"rows": [], "errors": []})
+        entry = self.report["langs"].setdefault(lang, {"lines": lines_of(args, lang), "rows": [], "errors": []})
         if all(self.done(lang, r.name) for r in planned_rows(lang, args)):
             print(f"{lang}: every row was finished earlier", flush=True)
             return None
@@ -459,7 +525,8 @@ class Grid:
         if row.lapt == "updates" and steps is None and row.name != SOURCE_LAPT:
             raise GridError(f"{row.name}: equal updates need source + LAPT's count first (or --updates).")
         out = work / row.model_key
-        facts["lapt"] = lapt(base, out, data.corpus, args, self.stop_at, steps, row.overrides)
+        sample = lines_of(args, row.lang)
+        facts["lapt"] = lapt(base, out, data.corpus, sample, args, self.stop_at, steps, row.overrides)
         return {"model_dir": str(out), **facts}
 
     def expand(self, row: Row, out: Path, data: LanguageData, source_tokenizer, aux) -> dict:
@@ -604,7 +671,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--aux-lines", type=int, default=8192, help="training lines for aux tokenizer and inits")
     parser.add_argument("--aux-vocab-size", type=int, default=16000)
     # LAPT: the papers' recipe; batch and sequence smaller than the papers' on a CPU, the same for every arm
-    parser.add_argument("--lines", type=int, default=2048, help="|D|: LAPT lines sampled from the training file")
+    parser.add_argument("--lines", nargs="+", default=[str(LINES)], metavar="N|LANG=N",
+                        help="|D|: LAPT lines sampled from each language's training file; LANG=N gives one language "
+                        "its own, e.g. --lines 2048 hi=3072")  # fmt: skip
     parser.add_argument("--strategy", default="2x2")
     parser.add_argument("--objective", default="mtp")
     parser.add_argument("--seq-len", type=int, default=256)
@@ -648,12 +717,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--redo-speed", action="store_true", help="measure a language's speed again")
     parser.add_argument("--no-rows", action="store_true", help="only the passes (--speed, --llama-cpp), no new row")
     args = parser.parse_args(argv)
-    for name in ("lines", "val_lines", "prompts", "mt_pairs", "cond_pairs", "en_lines", "seq_len", "batch_size",
+    try:
+        args.lines, args.lang_lines = parse_lines(args.lines)
+    except GridError as exc:
+        parser.error(str(exc))
+    for name in ("val_lines", "prompts", "mt_pairs", "cond_pairs", "en_lines", "seq_len", "batch_size",
                  "threads", "new_tokens", "max_new_tokens"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
-    if args.val_lines >= args.lines:
-        parser.error(f"--val-lines {args.val_lines} must be fewer than --lines {args.lines} (LAPT trains on the rest)")
+    for lang in args.langs:
+        if args.val_lines >= lines_of(args, lang):
+            named = f"{lang}={lines_of(args, lang)}" if lang in args.lang_lines else str(args.lines)
+            parser.error(f"--val-lines {args.val_lines} must be fewer than --lines {named} (LAPT trains on the rest)")
     if args.health_prompts is None:
         args.health_prompts = args.prompts
     if args.prompts < 2 or args.cond_pairs < 2 or not 1 <= args.health_prompts <= args.prompts:
@@ -684,7 +759,34 @@ def open_report(args) -> dict:
     # a resume may add languages, inits and variants (rows are keyed by name), never change one it already ran
     for key in GRID_LISTS:
         report["args"][key] = list(dict.fromkeys(report["args"].get(key, []) + getattr(args, key)))
+    change_lines(report, args)
     return report
+
+
+def change_lines(report: dict, args) -> None:
+    """Resume with this process's |D| per language: each language entry records the |D| its rows and speed passes
+    were made with (a report from before per-language |D|: its single ``lines``); a language of ``--langs`` whose
+    |D| changed loses its rows and speed passes, to run again. Another language's rows stay as they are (they
+    count as unfinished until a resume that runs the language)."""
+    for lang, entry in report["langs"].items():
+        entry.setdefault("lines", lines_of(report["args"], lang))
+    report["args"]["lines"], report["args"]["lang_lines"] = args.lines, args.lang_lines
+    for lang, entry in report["langs"].items():
+        before, now = entry["lines"], lines_of(args, lang)
+        if before == now:
+            continue
+        if lang not in args.langs:
+            print(f"{lang}: its rows were made with |D| = {before} lines, not {now}; they count as unfinished until "
+                  f"a --resume that runs {lang} (--langs) makes them again", flush=True)  # fmt: skip
+            continue
+        passes = [title for key, title in (("speed", "transformers"), ("llama_cpp", "llama.cpp")) if key in entry]
+        if entry["rows"] or passes:
+            print(f"{lang}: |D| {before} -> {now} lines (--lines): dropped its {len(entry['rows'])} rows and its speed "
+                  f"passes ({', '.join(passes) or 'none'}), made with {before}, to run again", flush=True)  # fmt: skip
+        entry["rows"] = []
+        for key in ("speed", "llama_cpp"):
+            entry.pop(key, None)
+        entry["lines"] = now
 
 
 def main(argv=None) -> int:
@@ -816,6 +918,14 @@ def load_span(row: dict) -> str:
     return f"{row['load_before'][0]:.1f} -> {row['load_after'][0]:.1f}"
 
 
+def lines_by_lang(report: dict) -> str:
+    """``hi: 3072; `` for each language whose |D| is not the default ``lines`` (its rows': its entry's), else ``''``."""
+    a = report["args"]
+    langs = list(dict.fromkeys(a["langs"] + list(report["langs"])))
+    own = {lang: report["langs"].get(lang, {}).get("lines", lines_of(a, lang)) for lang in langs}
+    return "".join(f"{lang}: {n}; " for lang, n in own.items() if n != a["lines"])
+
+
 def write_markdown(report: dict, path: Path) -> None:
     a = report["args"]
     budget = f"{a['updates']} updates" if a.get("updates") else "source + LAPT's updates"
@@ -852,9 +962,9 @@ def write_markdown(report: dict, path: Path) -> None:
         f"lines (also the inits' corpus). LAPT (every arm the same recipe): {a['strategy']} + {a['objective']}, "
         f"sequence length {a['seq_len']}, batch {a['batch_size']}, lr {a['lr']} cosine, warmup {a['warmup_steps']} "
         f"updates or 10% of a shorter run, lines joined by `{a['join']}`, |D| = {a['lines']} sampled lines "
-        f"({a['val_lines']} held out for validation); source + LAPT {a['epochs']:g} epochs; '+ LAPT' rows at equal "
-        f"updates ({budget}); '(equal lines)' rows {a['epochs']:g} epochs over the same lines; variants: "
-        f"{', '.join(a['variants']) or 'none'}.\n",
+        f"({lines_by_lang(report)}{a['val_lines']} held out for validation); source + LAPT {a['epochs']:g} epochs; "
+        f"'+ LAPT' rows at equal updates ({budget}); '(equal lines)' rows {a['epochs']:g} epochs over the same "
+        f"lines; variants: {', '.join(a['variants']) or 'none'}.\n",
         "Quality columns: held-out bits/byte over every held-out line with its 95% bootstrap interval over lines, "
         "and its paired difference to source + LAPT (negative: better); English held-out bits/byte "
         f"({a['en_lines']} lines); MT gain: translation-conditional bits/byte of the reference after a mismatched "

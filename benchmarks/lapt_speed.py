@@ -46,6 +46,7 @@ from common import new_report
 from roofline_lib import MODELS, load_roofline, results_file_name
 
 from vocgraft.corpus import SHARED_CORPORA, read_corpus
+from vocgraft.devices import bf16_supported, cpu_runs_bf16_natively
 from vocgraft.models import load_model
 from vocgraft.outdir import write_json
 from vocgraft.report import markdown_table
@@ -130,6 +131,10 @@ def trainer_run(model_spec: str, corpus: str, args, out: Path, *, mtp: bool, bf1
     return steps, summary
 
 
+def bf16_runs_natively(device: str) -> bool:
+    return cpu_runs_bf16_natively() if device == "cpu" else bf16_supported(torch.device(device))
+
+
 def loss_curves(model_spec: str, corpus: str, args, scratch: Path) -> dict:
     """The trainer's per-step losses in float32 and under bf16 autocast: same seed, data and schedule."""
     curves = {}
@@ -173,12 +178,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
+    parser.add_argument("--dtypes", nargs="*", choices=list(PRECISIONS), default=None,
+                        help="default: float32, and bfloat16 where the device runs it natively")  # fmt: skip
     parser.add_argument("--roofline", help="roofline.py's results (default: results/roofline-cpu-<this CPU>.json)")
     parser.add_argument("--out", default=str(RESULTS / "lapt_speed"))
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step of each run is not timed)")
     torch.set_num_threads(args.threads)
+    if args.dtypes is None:  # an emulated bfloat16 (AVX2 CPUs) would time the emulation, at 1/100 of float32's rate
+        args.dtypes = ["float32"] + (["bfloat16"] if bf16_runs_natively(args.device) else [])
     corpus = args.corpus or str(SHARED_CORPORA / args.lang / "train.txt")
     report = new_report(args.model, args, argv=sys.argv[1:], load_before=os.getloadavg(), arms={},
                         roofline_file=args.roofline or results_file_name(args.device))  # fmt: skip
@@ -187,7 +196,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vocgraft-lapt-speed-") as scratch:
         for repeat in range(args.repeats):
             for mtp in (False, True):
-                for dtype in PRECISIONS:
+                for dtype in args.dtypes:
                     objective, bf16 = "mtp" if mtp else "clm", dtype == "bfloat16"
                     # alternate which side goes first, so a slow drift favours neither
                     sides = ("trainer", "bare") if repeat % 2 == 0 else ("bare", "trainer")
@@ -208,7 +217,7 @@ def main() -> None:
                         print(f"{name}: median {median:.2f} s/step, {tokens / median:.0f} tokens/s, "
                               f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
                         write_json(f"{args.out}.json", report)
-        if args.curve_steps:
+        if args.curve_steps and len(args.dtypes) == len(PRECISIONS):
             report["loss_curves"] = loss_curves(args.model, corpus, args, Path(scratch))
     summarize(report, args)
     report["load_after"] = os.getloadavg()
@@ -232,7 +241,8 @@ def summarize(report: dict, args) -> None:
         peak = load_roofline(args.device, dtype, model=roofline_model, path=args.roofline)
         arm["roofline_gflops"] = peak
         arm["roofline_share"] = arm["gflops"] / peak if peak else None
-    pairs = [(o, d) for o in ("clm", "mtp") for d in PRECISIONS]
+    dtypes = args.dtypes
+    pairs = [(o, d) for o in ("clm", "mtp") for d in dtypes]
     report["trainer_vs_bare"] = {
         f"{o} {d}": a[f"trainer {o} {d}"]["tokens_per_second"] / a[f"bare {o} {d}"]["tokens_per_second"]
         for o, d in pairs
@@ -242,10 +252,11 @@ def summarize(report: dict, args) -> None:
         f"{side} {o}": seconds[f"{side} {o} float32"] / seconds[f"{side} {o} bfloat16"]
         for side in ("trainer", "bare")
         for o in ("clm", "mtp")
+        if len(dtypes) == len(PRECISIONS)
     }
     report["mtp_cost"] = {}
     for side in ("trainer", "bare"):
-        for d in PRECISIONS:
+        for d in dtypes:
             mtp, clm = a[f"{side} mtp {d}"], a[f"{side} clm {d}"]
             extra = mtp["median_step_seconds"] - clm["median_step_seconds"]
             head_flops = mtp["step_flops"] - clm["step_flops"]
@@ -272,7 +283,7 @@ def write_markdown(report: dict, path: Path) -> None:
     ]  # fmt: skip
     ratio, speedup = report["trainer_vs_bare"], report["bf16_speedup"]
     text = [
-        f"# LAPT speed: trainer vs a bare loop, float32 and bf16 autocast, {report['model']}\n",
+        f"# LAPT speed: trainer vs a bare loop, {' and '.join(a['dtypes'])}, {report['model']}\n",
         f"{report['machine']}, {report['date']}, device {a['device']}; load average (1, 5, 15 min) "
         f"{loads(report['load_before'])} before and {loads(report['load_after'])} after. Strategy {a['strategy']}, "
         f"{a['corpus'] or a['lang']} |D| = {a['lines']} lines, sequence length {a['seq_len']}, batch "
@@ -288,7 +299,8 @@ def write_markdown(report: dict, path: Path) -> None:
         "\nTrainer / bare loop tokens/s (goal: at least 0.9): "
         + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items())
         + ".",
-        "bf16 autocast speed-up over float32 (step time): " + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()),
+        "bf16 autocast speed-up over float32 (step time): "
+        + (", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()) or "not measured (float32 only: --dtypes)"),
         "\nMTP's cost per step over CLM, against its extra head's FLOPs at the CLM step's rate (goal: at most that):\n",
         markdown_table(
             ["arm", "extra s/step", "share", "head GFLOP", "head s at CLM rate"],

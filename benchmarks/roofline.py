@@ -3,8 +3,9 @@
 The products a decoder's training step runs (``roofline_lib``: attention projections, MLP, head; forward, gradient
 of the input, gradient of the weight) for SmolLM2-135M, a 1B-shaped Llama (Llama-3.2-1B) and Llama-3 8B's head,
 each the median of ``--repeats`` timings after a warm-up. Writes GFLOP/s per shape and dtype and the roofline
-figures other benchmarks divide by (``roofline_lib.load_roofline``) to ``results/roofline-cpu-<model>.{json,md}``
-(one file per CPU model: the machine lent here changes) or ``results/roofline_gpu.{json,md}`` (``--device cuda``).
+figures other benchmarks divide by (``roofline_lib.load_roofline``) to
+``results/roofline-cpu-<model>-family-<F>-model-<M>.{json,md}`` (one file per CPU model: the machine lent here
+changes) or ``results/roofline_gpu.{json,md}`` (``--device cuda``).
 
     .venv/bin/python benchmarks/roofline.py                  # CPU, every core: about 1-2 minutes
     .venv/bin/python benchmarks/roofline.py --quick          # a 10-second smoke (few tokens, one timing)

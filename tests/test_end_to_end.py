@@ -1,6 +1,7 @@
 """benchmarks/end_to_end.py on a tiny model: sizes refused before any work, every LAPT arm at equal updates (and the
 equal-lines arm at the recipe's epochs), finished rows skipped by --resume, an interrupted LAPT continued from its
-checkpoint in a later process, and the fixed-length speed pass against source + LAPT."""
+checkpoint in a later process, the fixed-length speed pass against source + LAPT, and |D| per language (a resume
+runs again the rows of a language whose |D| changed, and only those)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,19 @@ def first_lines(path: Path, n: int) -> str:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A tiny source model and a corpora folder laid out like ../shared/corpora (el, en held-out, en-el pairs)."""
+    """A tiny source model and a corpora folder laid out like ../shared/corpora (el and hi, en held-out, en-el and
+    en-hi pairs)."""
     root = tiny_source_dir(tmp_path_factory.mktemp("e2e"))
     corpora = root / "corpora"
-    for folder in ("el", "en", "parallel"):
+    for folder in ("el", "hi", "en", "parallel"):
         (corpora / folder).mkdir(parents=True)
-    (corpora / "el" / "train.txt").write_text("\n".join(lines("el", 300)) + "\n", encoding="utf-8")
-    (corpora / "el" / "heldout.txt").write_text(first_lines(SHARED_CORPORA / "el" / "heldout.txt", 8), encoding="utf-8")
+    for lang in ("el", "hi"):
+        (corpora / lang / "train.txt").write_text("\n".join(lines(lang, 300)) + "\n", encoding="utf-8")
+        held = first_lines(SHARED_CORPORA / lang / "heldout.txt", 8)
+        (corpora / lang / "heldout.txt").write_text(held, encoding="utf-8")
+        pairs = first_lines(SHARED_CORPORA / "parallel" / f"en-{lang}.tsv", 6)
+        (corpora / "parallel" / f"en-{lang}.tsv").write_text(pairs, encoding="utf-8")
     (corpora / "en" / "heldout.txt").write_text(first_lines(SHARED_CORPORA / "en" / "heldout.txt", 4), encoding="utf-8")
-    pairs = first_lines(SHARED_CORPORA / "parallel" / "en-el.tsv", 6)
-    (corpora / "parallel" / "en-el.tsv").write_text(pairs, encoding="utf-8")
     return root
 
 
@@ -148,3 +152,62 @@ def test_the_rows_train_at_equal_updates_resume_and_the_speed_pass_is_against_so
     out.with_suffix(".json").write_text(json.dumps(report), encoding="utf-8")
     assert end_to_end.main(grid_args(world, out, "--resume", "--no-rows", "--speed", "--redo-speed")) == 2
     assert "the speed pass would time another model" in capsys.readouterr().err
+
+
+def test_lines_take_a_default_and_per_language_values(world, capsys):
+    assert end_to_end.parse_lines(["2048"]) == (2048, {})
+    assert end_to_end.parse_lines(["2048", "hi=3072"]) == (2048, {"hi": 3072})
+    assert end_to_end.parse_lines(["hi=3072"]) == (end_to_end.LINES, {"hi": 3072})  # the default stays 2048
+    args = end_to_end.parse_args(grid_args(world, world / "unused", "--langs", "el", "hi", "--lines", "hi=200"))
+    assert (args.lines, args.lang_lines) == (2048, {"hi": 200})
+    assert [end_to_end.lines_of(args, lang) for lang in ("el", "hi")] == [2048, 200]
+    assert end_to_end.lines_of({"lines": 120}, "hi") == 120  # a report from before per-language |D|
+    for bad in ("hi:3072", "hi=x", "=5", "hi=0", "-3"):
+        with pytest.raises(end_to_end.GridError, match="LANG=N"):
+            end_to_end.parse_lines(["2048", bad])
+    with pytest.raises(end_to_end.GridError, match="hi is given"):
+        end_to_end.parse_lines(["hi=1", "hi=2"])
+    with pytest.raises(SystemExit):
+        end_to_end.parse_args(grid_args(world, world / "unused", "--lines", "2048", "hi:3072"))
+    assert "--lines 'hi:3072': write N or LANG=N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --val-lines 8 against hi's own |D|
+        end_to_end.parse_args(grid_args(world, world / "unused", "--langs", "el", "hi", "--lines", "120", "hi=8"))
+    assert "--val-lines 8 must be fewer than --lines hi=8" in capsys.readouterr().err
+
+
+def test_each_language_samples_its_own_lines(world):
+    args = end_to_end.parse_args(grid_args(world, world / "unused", "--langs", "el", "hi", "--lines", "120", "hi=200"))
+    sizes = {lang: end_to_end.language_data(lang, args) for lang in ("el", "hi")}
+    assert {lang: len(d.train_lines) + len(d.val_lines) for lang, d in sizes.items()} == {"el": 120, "hi": 200}
+
+
+def test_a_resume_after_one_language_changes_its_lines_runs_that_language_again_and_keeps_the_other(
+    world, tmp_path, capsys
+):
+    out = tmp_path / "e2e"
+    small = ("--langs", "el", "hi", "--ks")  # no expanded row: source and source + LAPT per language
+    assert end_to_end.main(grid_args(world, out, *small, "--lines", "120", "--speed")) == 0
+    path = out.with_suffix(".json")
+    first = json.loads(path.read_text(encoding="utf-8"))
+    assert all(first["langs"][lang]["lines"] == 120 and "speed" in first["langs"][lang] for lang in ("el", "hi"))
+    # as a report from before per-language |D| (one `lines` for every language) wrote it
+    del first["args"]["lang_lines"]
+    for entry in first["langs"].values():
+        del entry["lines"]
+    path.write_text(json.dumps(first), encoding="utf-8")
+    capsys.readouterr()
+
+    assert end_to_end.main(grid_args(world, out, *small, "--lines", "120", "hi=200", "--resume")) == 0
+    printed = capsys.readouterr().out
+    assert "hi: |D| 120 -> 200 lines (--lines): dropped its 2 rows and its speed passes (transformers)" in printed
+    assert "el:" not in printed.replace("el: every row was finished earlier", "")
+    assert "trained on |D| = 120 lines, not 200: removed, to train again" in printed  # not the kept model
+    report = json.loads(path.read_text(encoding="utf-8"))
+    el, hi = report["langs"]["el"], report["langs"]["hi"]
+    assert el["rows"] == first["langs"]["el"]["rows"] and el["speed"] == first["langs"]["el"]["speed"]
+    assert [r["process"] for r in hi["rows"]] == [1, 1] and "speed" not in hi
+    assert (el["lines"], hi["lines"]) == (120, 200) and report["finished"]
+    lapt = {lang: report["langs"][lang]["rows"][1]["lapt"] for lang in ("el", "hi")}
+    assert (lapt["el"]["train_lines"], lapt["hi"]["train_lines"]) == (120 - 8, 200 - 8)
+    assert lapt["hi"]["steps"] > lapt["el"]["steps"]
+    assert "|D| = 120 sampled lines (hi: 200; 8 held out for validation)" in out.with_suffix(".md").read_text("utf-8")
