@@ -32,10 +32,10 @@ tokens per line needs more lines for the same number of updates).
 
 Resumable across processes: each finished row (and each speed pass) is written to ``--out.json`` the moment it is
 done; ``--resume`` skips finished rows, reuses the models kept in ``--work`` and continues an interrupted LAPT run
-from its last checkpoint; a language whose |D| changed has its rows and speed passes dropped and run again (its
-LAPT models in ``--work`` too), the other languages keep theirs. ``--budget-minutes`` stops cleanly (LAPT
-checkpointed) before a session ends. Run it with the cores otherwise idle: it uses every core and records the load
-average per row.
+from its last checkpoint; a language whose |D| changed has its LAPT rows and speed passes dropped and run again
+(its LAPT models in ``--work`` too; its source row, trained on nothing, is kept), the other languages keep theirs.
+``--budget-minutes`` stops cleanly (LAPT checkpointed) before a session ends. Run it with the cores otherwise idle:
+it uses every core and records the load average per row.
 
     .venv/bin/python benchmarks/end_to_end.py --langs el --budget-minutes 160             # later: --resume
     .venv/bin/python benchmarks/end_to_end.py --langs el --resume --speed --llama-cpp     # after the rows
@@ -418,7 +418,7 @@ class Grid:
         """A row finished with the language's current |D| (its entry records the |D| its rows were made with)."""
         entry = self.report["langs"].get(lang, {})
         same_lines = entry.get("lines", lines_of(self.report["args"], lang)) == lines_of(self.args, lang)
-        return same_lines and any(r["name"] == name for r in self.rows_of(lang))
+        return (same_lines or name == SOURCE) and any(r["name"] == name for r in self.rows_of(lang))
 
     def check_budget(self) -> None:
         if self.stop_at is not None and time.time() >= self.stop_at:
@@ -766,8 +766,8 @@ def open_report(args) -> dict:
 def change_lines(report: dict, args) -> None:
     """Resume with this process's |D| per language: each language entry records the |D| its rows and speed passes
     were made with (a report from before per-language |D|: its single ``lines``); a language of ``--langs`` whose
-    |D| changed loses its rows and speed passes, to run again. Another language's rows stay as they are (they
-    count as unfinished until a resume that runs the language)."""
+    |D| changed loses its LAPT rows and speed passes, to run again (the source row trains on nothing: kept).
+    Another language's rows stay as they are (they count as unfinished until a resume that runs the language)."""
     for lang, entry in report["langs"].items():
         entry.setdefault("lines", lines_of(report["args"], lang))
     report["args"]["lines"], report["args"]["lang_lines"] = args.lines, args.lang_lines
@@ -780,10 +780,14 @@ def change_lines(report: dict, args) -> None:
                   f"a --resume that runs {lang} (--langs) makes them again", flush=True)  # fmt: skip
             continue
         passes = [title for key, title in (("speed", "transformers"), ("llama_cpp", "llama.cpp")) if key in entry]
-        if entry["rows"] or passes:
-            print(f"{lang}: |D| {before} -> {now} lines (--lines): dropped its {len(entry['rows'])} rows and its speed "
-                  f"passes ({', '.join(passes) or 'none'}), made with {before}, to run again", flush=True)  # fmt: skip
-        entry["rows"] = []
+        # the source row trains on nothing: its figures do not depend on |D|
+        kept = [r for r in entry["rows"] if r["name"] == SOURCE]
+        dropped = len(entry["rows"]) - len(kept)
+        if dropped or passes:
+            print(f"{lang}: |D| {before} -> {now} lines (--lines): dropped its {dropped} LAPT rows and its speed "
+                  f"passes ({', '.join(passes) or 'none'}), made with {before}, to run again; the source row is "
+                  "kept (it trains on nothing)", flush=True)  # fmt: skip
+        entry["rows"] = kept
         for key in ("speed", "llama_cpp"):
             entry.pop(key, None)
         entry["lines"] = now

@@ -199,13 +199,14 @@ def test_a_resume_after_one_language_changes_its_lines_runs_that_language_again_
 
     assert end_to_end.main(grid_args(world, out, *small, "--lines", "120", "hi=200", "--resume")) == 0
     printed = capsys.readouterr().out
-    assert "hi: |D| 120 -> 200 lines (--lines): dropped its 2 rows and its speed passes (transformers)" in printed
+    assert "hi: |D| 120 -> 200 lines (--lines): dropped its 1 LAPT rows and its speed passes (transformers)" in printed
     assert "el:" not in printed.replace("el: every row was finished earlier", "")
     assert "trained on |D| = 120 lines, not 200: removed, to train again" in printed  # not the kept model
     report = json.loads(path.read_text(encoding="utf-8"))
     el, hi = report["langs"]["el"], report["langs"]["hi"]
     assert el["rows"] == first["langs"]["el"]["rows"] and el["speed"] == first["langs"]["el"]["speed"]
-    assert [r["process"] for r in hi["rows"]] == [1, 1] and "speed" not in hi
+    # the source row trains on nothing: kept as it was; source + LAPT ran again
+    assert hi["rows"][0] == first["langs"]["hi"]["rows"][0] and hi["rows"][1]["process"] == 1 and "speed" not in hi
     assert (el["lines"], hi["lines"]) == (120, 200) and report["finished"]
     lapt = {lang: report["langs"][lang]["rows"][1]["lapt"] for lang in ("el", "hi")}
     assert (lapt["el"]["train_lines"], lapt["hi"]["train_lines"]) == (120 - 8, 200 - 8)
