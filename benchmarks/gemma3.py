@@ -245,27 +245,35 @@ def write_markdown(report: dict, path: Path) -> None:
             ),  # fmt: skip
             "",
         ]
-    parity = [(k.split("/", 1)[1], r) for k, r in rows.items() if k.startswith("ids/")]
-    if parity:
-        langs = languages()
-        lines += [
-            "## GGUF export (f32): llama.cpp vs transformers",
-            "",
-            f"Ids: held-out lines / 5-line chunks (first {s['heldout']} lines per language) that llama.cpp tokenizes "
-            f"exactly as the output's tokenizer. Generation: first {NEW_TOKENS} greedy tokens, {s['gen_prompts']} "
-            "prompts (half the expanded language, half English).",
-            "",
-        ]
-        table = []
-        for name, r in parity:
-            gen = rows.get(f"generation/{name}")
-            exp = rows.get(f"export/{name}", {})
-            cells = [f"{r[code]['lines']['identical']:.0%} / {r[code]['chunks']['identical']:.0%}" for code in langs]
-            verdict = "exact" if not exp.get("refused") else f"refused; forced {exp.get('tokenizer')}"
-            table.append([name, verdict, *cells, f"{gen['identical']:.0%}" if gen else "-",
-                          f"{gen['mean_agreeing_prefix']:.1f}" if gen else "-"])  # fmt: skip
-        lines += [markdown_table(["output", "export", *langs, "greedy identical", "mean prefix"], table), ""]
+    lines += parity_section(report, "## GGUF export (f32): llama.cpp vs transformers")
     path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def parity_section(report: dict, heading: str) -> list[str]:
+    """Markdown lines of the GGUF parity of the exported outputs (ids per language, greedy tokens), under
+    ``heading``; none before an export was measured. Also in benchmarks/results/gguf_parity.md."""
+    rows, s = report["rows"], report["settings"]
+    parity = [(k.split("/", 1)[1], r) for k, r in rows.items() if k.startswith("ids/")]
+    if not parity:
+        return []
+    langs = languages()
+    lines = [
+        heading,
+        "",
+        f"Ids: held-out lines / 5-line chunks (first {s['heldout']} lines per language) that llama.cpp tokenizes "
+        f"exactly as the output's tokenizer. Generation: first {NEW_TOKENS} greedy tokens, {s['gen_prompts']} "
+        "prompts (half the expanded language, half English).",
+        "",
+    ]
+    table = []
+    for name, r in parity:
+        gen = rows.get(f"generation/{name}")
+        exp = rows.get(f"export/{name}", {})
+        cells = [f"{r[code]['lines']['identical']:.0%} / {r[code]['chunks']['identical']:.0%}" for code in langs]
+        verdict = "exact" if not exp.get("refused") else f"refused; forced {exp.get('tokenizer')}"
+        table.append([name, verdict, *cells, f"{gen['identical']:.0%}" if gen else "-",
+                      f"{gen['mean_agreeing_prefix']:.1f}" if gen else "-"])  # fmt: skip
+    return lines + [markdown_table(["output", "export", *langs, "greedy identical", "mean prefix"], table), ""]
 
 
 def main() -> None:

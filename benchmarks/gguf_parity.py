@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import subprocess
 import sys
 import tempfile
@@ -291,7 +292,22 @@ def write_markdown(report: dict) -> None:
         gen_rows = [[name, f"{g['identical']:.0%}", f"{g['mean_agreeing_prefix']:.1f}"]
                     for name, g in report["generation"].items()]  # fmt: skip
         lines += [markdown_table(["output", "identical continuations", "mean agreeing prefix (tokens)"], gen_rows), ""]
+    lines += gemma3_section()
     (RESULTS / "gguf_parity.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def gemma3_section() -> list[str]:
+    """The real Gemma 3 270M's parity, as benchmarks/gemma3.py measured it (results/gemma3.json), so that this
+    file has every exported model: tiny families, SmolLM2 and the second packaged model."""
+    from gemma3 import parity_section
+
+    path = RESULTS / "gemma3.json"
+    if not path.is_file():
+        return []
+    report = json.loads(path.read_text(encoding="utf-8"))
+    heading = (f"## Gemma 3 270M, real weights (f32; `benchmarks/gemma3.py`, {report['date']}, "
+               f"llama-cpp-python {report.get('llama_cpp', '?')})")  # fmt: skip
+    return parity_section(report, heading)
 
 
 def main() -> None:
@@ -304,7 +320,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8000, help="auxiliary / target tokenizer size")
     parser.add_argument("--train-lines", type=int, default=8192)
     parser.add_argument("--work", help="folder for the outputs and files (kept; reused when run again)")
+    parser.add_argument("--markdown-only", action="store_true", help="write gguf_parity.md from gguf_parity.json")
     args = parser.parse_args()
+    if args.markdown_only:
+        write_markdown(json.loads((RESULTS / "gguf_parity.json").read_text(encoding="utf-8")))
+        return
     llama_cpp = ensure_llama_cpp()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gguf-parity-"))
     report = new_report("tiny family models + SmolLM2-135M-Instruct", args, llama_cpp=llama_cpp.__version__,
