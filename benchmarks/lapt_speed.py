@@ -241,7 +241,7 @@ def summarize(report: dict, args) -> None:
         peak = load_roofline(args.device, dtype, model=roofline_model, path=args.roofline)
         arm["roofline_gflops"] = peak
         arm["roofline_share"] = arm["gflops"] / peak if peak else None
-    dtypes = args.dtypes
+    dtypes = args.dtypes  # the arms measured: float32, and bfloat16 where it is native
     pairs = [(o, d) for o in ("clm", "mtp") for d in dtypes]
     report["trainer_vs_bare"] = {
         f"{o} {d}": a[f"trainer {o} {d}"]["tokens_per_second"] / a[f"bare {o} {d}"]["tokens_per_second"]
