@@ -52,7 +52,6 @@ from vocgraft.report import markdown_table
 from vocgraft.tokenization import expand_tokenizer
 from vocgraft.tokenization.scripts import dominant_scripts
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # label=key:value,... over distill's settings (as benchmarks/distill.py parses them); float32 is the plain path
 ARMS = ["float32=distill_dtype:float32", "fast="]
 GOAL_SECONDS = {1000: 300, 5000: 1200}  # the goals on 2 CPU cores
@@ -209,7 +208,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "vocgraft" / "distill_speed"),
                         help="where each arm's rows are kept (compared across arms and resumed runs)")  # fmt: skip
-    parser.add_argument("--out", default=str(RESULTS / "distill_speed"))
+    parser.add_argument("--out", default=roofline_lib.cpu_results_stem("distill_speed"),
+                        help="default: results/distill_speed-cpu-<this CPU>")  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="keep the finished rows of --out.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -363,7 +363,7 @@ def arm_bare(bench: Bench, key: str, strategy: str, objective: str) -> dict:
         want = torch.float32 if param.requires_grad else frozen
         if param.is_floating_point() and param.dtype != want:
             param.data = param.data.to(want)
-    chunks = training_chunks(tokenizer, a, a.corpus)
+    chunks = training_chunks(tokenizer, a, a.corpus, a.seq_len)
     order = BatchOrder(len(chunks), a.batch_size, a.seed)
     head = None
     if objective == "mtp":

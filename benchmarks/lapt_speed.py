@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 from common import new_report
-from roofline_lib import MODELS, load_roofline, results_file_name
+from roofline_lib import MODELS, cpu_results_stem, load_roofline, results_file_name
 
 from vocgraft.corpus import SHARED_CORPORA, read_corpus
 from vocgraft.devices import bf16_supported, cpu_runs_bf16_natively
@@ -181,8 +181,9 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", choices=list(PRECISIONS), default=None,
                         help="default: float32, and bfloat16 where the device runs it natively")  # fmt: skip
     parser.add_argument("--roofline", help="roofline.py's results (default: results/roofline-cpu-<this CPU>.json)")
-    parser.add_argument("--out", default=str(RESULTS / "lapt_speed"))
+    parser.add_argument("--out", help="default: results/lapt_speed-cpu-<this CPU> (a GPU: results/lapt_speed_gpu)")
     args = parser.parse_args()
+    args.out = args.out or (cpu_results_stem("lapt_speed") if args.device == "cpu" else str(RESULTS / "lapt_speed_gpu"))
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step of each run is not timed)")
     torch.set_num_threads(args.threads)

@@ -310,10 +310,16 @@ def report(device: torch.device, rows: list[Measurement], settings: dict, load_b
     }
 
 
-def cpu_results_file(cpu: str | None = None) -> Path:
-    """Where roofline.py keeps the figures of the CPU model ``cpu`` (default: this one)."""
+def cpu_results_file(cpu: str | None = None, benchmark: str = "roofline") -> Path:
+    """Where ``benchmark`` (roofline.py by default) keeps the figures of the CPU model ``cpu`` (default: this one)."""
     slug = re.sub(r"\((r|tm)\)", "", (cpu or cpu_model()).lower())
-    return RESULTS / f"roofline-cpu-{re.sub(r'[^a-z0-9]+', '-', slug).strip('-')}.json"
+    return RESULTS / f"{benchmark}-cpu-{re.sub(r'[^a-z0-9]+', '-', slug).strip('-')}.json"
+
+
+def cpu_results_stem(benchmark: str) -> str:
+    """A speed benchmark's default ``--out`` on a CPU (no suffix): one file per CPU model, as the roofline's, so
+    that a run on the CPU lent today does not overwrite another CPU's figures."""
+    return str(cpu_results_file(benchmark=benchmark).with_suffix(""))
 
 
 def results_file(device: str) -> Path:

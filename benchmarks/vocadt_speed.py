@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 from common import new_report
-from roofline_lib import load_roofline, results_file_name
+from roofline_lib import cpu_results_stem, load_roofline, results_file_name
 
 import vocgraft.train.vocadt as vocadt
 from vocgraft.models import load_tokenizer
@@ -49,7 +49,6 @@ from vocgraft.report import markdown_table
 from vocgraft.train.lapt import peak_rss_mib
 from vocgraft.train.neighbours import CosineIndex, exact_nearest_rows
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOKENIZERS = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers"
 SCALES = {
     "full": {"source": "llama3", "hidden": 4096, "sample": 2048},
@@ -144,11 +143,12 @@ def main() -> None:
     parser.add_argument("--faiss", action="store_true", help="also faiss-cpu's IndexFlatIP on the sample")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: every core")
-    parser.add_argument("--out", help="default: results/vocadt_speed (full), results/vocadt_speed-small (small)")
+    parser.add_argument("--out", help="default: results/vocadt_speed-cpu-<this CPU> (full), "
+                        "results/vocadt_speed-small-cpu-<this CPU> (small)")  # fmt: skip
     args = parser.parse_args()
     scale = SCALES[args.scale]
     args.sample = args.sample or scale["sample"]
-    args.out = args.out or str(RESULTS / ("vocadt_speed" if args.scale == "full" else f"vocadt_speed-{args.scale}"))
+    args.out = args.out or cpu_results_stem("vocadt_speed" if args.scale == "full" else f"vocadt_speed-{args.scale}")
     torch.set_num_threads(args.threads)
     report = new_report(scale["source"], args, load_before=load_average())
     print(f"load average before: {report['load_before']}", flush=True)
@@ -262,7 +262,9 @@ def write_markdown(report: dict, path: Path) -> None:
     ]
     if report.get("faiss", {}).get("agreement"):
         text.insert(-2, f"faiss-cpu on the sample: {report['faiss']['agreement']}.\n")
-    if max(report["load_before"][0], report["load_after"][0]) > len(os.sched_getaffinity(0)):
+    # the load after includes this run's own threads (about one per core): only more than that is another job's
+    cores = len(os.sched_getaffinity(0))
+    if report["load_before"][0] > 1 or report["load_after"][0] > cores + 1:
         text.insert(2, "**The cores were shared** (load average above the core count): other jobs' work inflates "
                     "every time here, the many small steps of the new search most (each waits for both threads).\n")
     path.write_text("\n".join(text), encoding="utf-8")
