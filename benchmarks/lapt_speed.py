@@ -183,7 +183,8 @@ def main() -> None:
     parser.add_argument("--roofline", help="roofline.py's results (default: results/roofline-cpu-<this CPU>.json)")
     parser.add_argument("--out", help="default: results/lapt_speed-cpu-<this CPU> (a GPU: results/lapt_speed_gpu)")
     args = parser.parse_args()
-    args.out = args.out or (cpu_results_stem("lapt_speed") if args.device == "cpu" else str(RESULTS / "lapt_speed_gpu"))
+    on_cpu = args.device.split(":")[0] == "cpu"
+    args.out = args.out or (cpu_results_stem("lapt_speed") if on_cpu else str(RESULTS / "lapt_speed_gpu"))
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step of each run is not timed)")
     torch.set_num_threads(args.threads)

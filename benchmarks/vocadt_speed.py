@@ -265,7 +265,8 @@ def write_markdown(report: dict, path: Path) -> None:
     # the load after includes this run's own threads (about one per core): only more than that is another job's
     cores = len(os.sched_getaffinity(0))
     if report["load_before"][0] > 1 or report["load_after"][0] > cores + 1:
-        text.insert(2, "**The cores were shared** (load average above the core count): other jobs' work inflates "
+        text.insert(2, "**The cores were shared** (load average above 1 before the run, or above this run's own "
+                    "threads after it): other jobs' work inflates "
                     "every time here, the many small steps of the new search most (each waits for both threads).\n")
     path.write_text("\n".join(text), encoding="utf-8")
 
